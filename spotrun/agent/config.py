@@ -1,0 +1,52 @@
+"""The agent's configuration: what the daemon puts in an instance's user data."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from spotrun.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    """Everything an agent needs to run one attempt. Secrets travel as references only."""
+
+    job_id: str
+    attempt: int                      # attempt number (1, 2, ...)
+    store_uri: str                    # daemon store: bundle, logs, heartbeats, control
+    checkpoint_uri: str               # full URI of the job's checkpoint prefix
+    command: str
+    env: dict[str, str] = field(default_factory=dict)
+    secrets: dict[str, str] = field(default_factory=dict)   # NAME -> env:/ssm:/secretsmanager:
+    bundle_key: str | None = None
+    gpus: int = 1
+    total_steps: int | None = None
+    checkpoint_interval_s: float | None = None   # wall seconds; None = the library's default
+    checkpoint_keep: int = 3
+    imds_endpoint: str = "http://169.254.169.254"
+    time_scale: float = 1.0           # market seconds per wall second (local provider)
+    heartbeat_interval_s: float = 2.0
+    notice_poll_interval_s: float = 5.0   # market seconds; the agent divides by time_scale
+    log_flush_interval_s: float = 2.0
+    deadman_timeout_s: float = 1800.0     # wall seconds of daemon silence before shutdown
+    region: str = "us-east-1"
+
+    def to_json(self) -> str:
+        """Serialise for user data."""
+        return json.dumps(asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> "AgentConfig":
+        """Parse user data written by to_json."""
+        try:
+            raw: dict[str, Any] = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"agent config is not JSON: {exc}", field="user_data") from None
+        known = set(cls.__dataclass_fields__)
+        unknown = set(raw) - known
+        if unknown:
+            raise ConfigError("unknown agent config keys", field="user_data",
+                              value=sorted(unknown))
+        return cls(**raw)

@@ -1,0 +1,163 @@
+"""Daemon/CLI settings: typed defaults declared once, read from `$SPOTRUN_HOME/spotrun.toml`.
+
+Precedence: built-in default < spotrun.toml < environment (`SPOTRUN_HOME`, `SPOTRUN_DB_URL`).
+Every setting is validated with an error naming its dotted key.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from dataclasses import dataclass, field, fields, is_dataclass, replace
+from pathlib import Path
+from typing import Any, get_type_hints
+
+from spotrun.errors import ConfigError
+
+CONFIG_FILE = "spotrun.toml"
+
+
+@dataclass(frozen=True)
+class LocalMarketSettings:
+    """The local provider's simulated spot market (a separate, durable process)."""
+
+    trace: str = ""                 # availability CSV; "" = the packaged demo extract
+    prices: str = ""                # price change-point CSV; "" = the packaged extract
+    pools: tuple[str, ...] = ()     # trace columns to offer; () = all
+    instance_type: str = "p3.2xlarge"  # the type the trace measured
+    time_scale: float = 60.0        # market seconds per wall second
+    start_tick: int = 0             # trace tick at market start
+    notice_s: float = 120.0         # interruption notice lead time, market seconds
+    spot_price_usd_per_hour: float = 0.0  # used when there is no price file
+
+
+@dataclass(frozen=True)
+class DaemonSettings:
+    """Loop intervals and timeouts of `spotrun daemon` (wall seconds)."""
+
+    schedule_interval_s: float = 1.0
+    reconcile_interval_s: float = 1.0
+    heartbeat_interval_s: float = 1.0
+    spend_interval_s: float = 5.0
+    heartbeat_timeout_s: float = 300.0   # no heartbeat this long: instance is stuck
+    launch_timeout_s: float = 600.0      # no running instance this long after launch
+    liveness_interval_s: float = 5.0     # how often the daemon proves it is alive to agents
+    deadman_timeout_s: float = 1800.0    # agents shut down after this much daemon silence
+
+
+@dataclass(frozen=True)
+class AgentSettings:
+    """Defaults for agents on instances (wall seconds, before market time scaling)."""
+
+    heartbeat_interval_s: float = 2.0
+    notice_poll_interval_s: float = 5.0
+    log_flush_interval_s: float = 2.0
+
+
+@dataclass(frozen=True)
+class Settings:
+    """All settings; `home` and `db_url` are derived when empty."""
+
+    home: str = ""
+    db_url: str = ""                 # any SQLAlchemy URL; "" = sqlite under home
+    store_uri: str = ""              # file:///abs/path or s3://bucket/prefix; "" = home/store
+    provider: str = "local"          # key of spotrun.providers.PROVIDERS
+    region: str = "us-east-1"
+    local: LocalMarketSettings = field(default_factory=LocalMarketSettings)
+    daemon: DaemonSettings = field(default_factory=DaemonSettings)
+    agent: AgentSettings = field(default_factory=AgentSettings)
+
+    @property
+    def home_path(self) -> Path:
+        """The resolved SPOTRUN_HOME directory."""
+        return Path(self.home).expanduser().resolve()
+
+    @property
+    def database_url(self) -> str:
+        """The SQLAlchemy URL of the state database."""
+        return self.db_url or f"sqlite:///{self.home_path / 'spotrun.db'}"
+
+    @property
+    def store_url(self) -> str:
+        """The URI of the daemon's default object store."""
+        return self.store_uri or (self.home_path / "store").as_uri()
+
+
+def default_home() -> str:
+    """`$SPOTRUN_HOME`, else `~/.spotrun`."""
+    return os.environ.get("SPOTRUN_HOME") or str(Path("~/.spotrun").expanduser())
+
+
+def load_settings(home: str | None = None, overrides: dict[str, Any] | None = None) -> Settings:
+    """Read settings from defaults, `spotrun.toml` under home, the environment and overrides."""
+    home = home or default_home()
+    raw: dict[str, Any] = {}
+    path = Path(home).expanduser() / CONFIG_FILE
+    if path.exists():
+        try:
+            raw = tomllib.loads(path.read_text(encoding="utf-8"))
+        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"cannot parse {path}: {exc}", field=CONFIG_FILE) from None
+    raw = dict(raw)
+    raw["home"] = str(Path(home).expanduser().resolve())
+    if os.environ.get("SPOTRUN_DB_URL"):
+        raw["db_url"] = os.environ["SPOTRUN_DB_URL"]
+    for key, value in (overrides or {}).items():
+        _set_dotted(raw, key, value)
+    return _build(Settings, raw, "")
+
+
+def with_overrides(settings: Settings, **changes: Any) -> Settings:
+    """A copy of settings with top-level fields replaced."""
+    return replace(settings, **changes)
+
+
+def _set_dotted(raw: dict[str, Any], key: str, value: Any) -> None:
+    parts = key.split(".")
+    node = raw
+    for part in parts[:-1]:
+        node = node.setdefault(part, {})
+    node[parts[-1]] = value
+
+
+def _build(cls: type, raw: Any, prefix: str) -> Any:
+    if not isinstance(raw, dict):
+        raise ConfigError("must be a table", field=prefix.rstrip(".") or "config", value=raw)
+    hints = get_type_hints(cls)
+    known = {f.name for f in fields(cls)}
+    for key in raw:
+        if key not in known:
+            raise ConfigError(f"unknown setting; allowed: {', '.join(sorted(known))}",
+                              field=f"{prefix}{key}", value=key)
+    kwargs: dict[str, Any] = {}
+    for f in fields(cls):
+        if f.name not in raw:
+            continue
+        kwargs[f.name] = _coerce(hints[f.name], raw[f.name], f"{prefix}{f.name}")
+    return cls(**kwargs)
+
+
+def _coerce(typ: Any, value: Any, name: str) -> Any:
+    if is_dataclass(typ):
+        return _build(typ, value, name + ".")
+    if typ is bool:
+        if isinstance(value, bool):
+            return value
+        raise ConfigError("must be true or false", field=name, value=value)
+    if typ is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0:
+            return float(value)
+        raise ConfigError("must be a number >= 0", field=name, value=value)
+    if typ is int:
+        if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+            return value
+        raise ConfigError("must be an integer >= 0", field=name, value=value)
+    if typ is str:
+        if isinstance(value, str):
+            return value
+        raise ConfigError("must be a string", field=name, value=value)
+    if getattr(typ, "__origin__", None) is tuple:
+        if isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
+            return tuple(value)
+        raise ConfigError("must be a list of strings", field=name, value=value)
+    return value

@@ -1,0 +1,214 @@
+"""State database: tables and engine (SQLite by default, any SQLAlchemy URL).
+
+The CLI writes requests (jobs, cancels); only the daemon acts on clouds.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets as _secrets
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Iterator
+
+from sqlalchemy import DateTime, TypeDecorator
+from sqlalchemy import event as sa_event
+from sqlalchemy.engine import Engine
+from sqlmodel import Field, Session, SQLModel, create_engine, select
+
+from spotrun.states import AttemptState, EndReason, JobState, Market
+
+SCHEMA_VERSION = 1
+
+
+def utcnow() -> datetime:
+    """The current UTC time (naive datetimes are never stored)."""
+    return datetime.now(timezone.utc)
+
+
+class UTCDateTime(TypeDecorator):
+    """Stores UTC, returns timezone-aware datetimes (SQLite would drop the zone)."""
+
+    impl = DateTime
+    cache_ok = True
+
+    def process_bind_param(self, value: Any, dialect: Any) -> Any:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            value = value.replace(tzinfo=timezone.utc)
+        return value.astimezone(timezone.utc).replace(tzinfo=None)
+
+    def process_result_value(self, value: Any, dialect: Any) -> Any:
+        if value is None:
+            return None
+        return value.replace(tzinfo=timezone.utc) if value.tzinfo is None else value
+
+
+def new_job_id(name: str) -> str:
+    """A readable, unique job id: `<name>-<6 hex>`."""
+    return f"{name[:55]}-{_secrets.token_hex(3)}"
+
+
+class Job(SQLModel, table=True):
+    """A submitted job and its current state."""
+
+    id: str = Field(primary_key=True)
+    name: str = Field(index=True)
+    state: JobState = Field(default=JobState.QUEUED, index=True)
+    spec_json: str
+    store_uri: str                      # daemon store holding bundle, logs, heartbeats
+    checkpoint_uri: str                 # where the job's checkpoints go
+    bundle_key: str | None = None
+    created_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
+    updated_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
+    cancel_requested: bool = False
+    budget_usd: float | None = None
+    error_restarts: int = 0
+    last_step: int = 0
+    total_steps: int | None = None
+    reason: str | None = None           # why the job ended, for failed/budget states
+
+    @property
+    def spec(self) -> dict[str, Any]:
+        """The validated spec as a mapping."""
+        return json.loads(self.spec_json)
+
+
+class Attempt(SQLModel, table=True):
+    """One launch of a job on one instance."""
+
+    id: int | None = Field(default=None, primary_key=True)
+    job_id: str = Field(foreign_key="job.id", index=True)
+    number: int                         # 1, 2, ... within the job
+    state: AttemptState = Field(default=AttemptState.LAUNCHING, index=True)
+    market: Market
+    instance_type: str
+    zone: str
+    price_usd_per_hour: float           # price in effect at launch
+    client_token: str = Field(index=True, unique=True)
+    instance_id: str | None = Field(default=None, index=True)
+    created_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
+    started_at: datetime | None = Field(default=None, sa_type=UTCDateTime)  # provider clock
+    ended_at: datetime | None = Field(default=None, sa_type=UTCDateTime)    # provider clock
+    end_reason: EndReason | None = None
+    detail: str | None = None
+    start_step: int = 0
+    last_step: int = 0
+    last_heartbeat_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
+    notice_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
+
+
+class Event(SQLModel, table=True):
+    """A job's history, one row per thing that happened."""
+
+    id: int | None = Field(default=None, primary_key=True)
+    job_id: str = Field(index=True)
+    attempt_id: int | None = None
+    ts: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
+    kind: str
+    detail: str = ""
+
+
+class SpendEntry(SQLModel, table=True):
+    """An append-only ledger row: a billed interval at the price in effect."""
+
+    id: int | None = Field(default=None, primary_key=True)
+    job_id: str = Field(index=True)
+    attempt_id: int | None = Field(default=None, index=True)
+    instance_id: str | None = None
+    kind: str = "compute"               # compute | storage | volume | correction
+    market: str | None = None
+    instance_type: str | None = None
+    zone: str | None = None
+    start: datetime = Field(sa_type=UTCDateTime)
+    end: datetime = Field(sa_type=UTCDateTime)
+    billed_seconds: float
+    price_usd_per_hour: float
+    usd: float
+    price_source: str = ""
+    note: str = ""
+    booked_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
+
+
+class Meta(SQLModel, table=True):
+    """Key/value facts about the database itself (schema version, daemon lease)."""
+
+    key: str = Field(primary_key=True)
+    value: str
+
+
+# ---------------------------------------------------------------- engine
+
+def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
+    cur = dbapi_conn.cursor()
+    # WAL lets the CLI read while the daemon writes; the timeout rides out short write locks.
+    cur.execute("PRAGMA journal_mode=WAL")
+    cur.execute("PRAGMA busy_timeout=10000")
+    cur.execute("PRAGMA foreign_keys=ON")
+    cur.close()
+
+
+def make_engine(url: str) -> Engine:
+    """An engine for url with SQLite tuned for one writer and many readers."""
+    if url.startswith("sqlite:///"):
+        path = Path(url[len("sqlite:///"):])
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if not path.exists():
+            # The database holds the job history and spend: readable by its owner only.
+            fd = os.open(path, os.O_CREAT | os.O_WRONLY, 0o600)
+            os.close(fd)
+        engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 10})
+        sa_event.listen(engine, "connect", _sqlite_pragmas)
+    else:
+        engine = create_engine(url, pool_pre_ping=True)
+    return engine
+
+
+def init_db(engine: Engine) -> None:
+    """Create missing tables and record the schema version."""
+    SQLModel.metadata.create_all(engine)
+    with Session(engine) as s:
+        if s.get(Meta, "schema_version") is None:
+            s.add(Meta(key="schema_version", value=str(SCHEMA_VERSION)))
+            s.commit()
+
+
+def open_db(url: str) -> Engine:
+    """make_engine + init_db."""
+    engine = make_engine(url)
+    init_db(engine)
+    return engine
+
+
+def session(engine: Engine) -> Session:
+    """A new session; callers use it as a context manager."""
+    return Session(engine, expire_on_commit=False)
+
+
+def add_event(s: Session, job_id: str, kind: str, detail: str = "", *,
+              attempt_id: int | None = None, ts: datetime | None = None) -> Event:
+    """Append one event to a job's history (caller commits)."""
+    ev = Event(job_id=job_id, attempt_id=attempt_id, kind=kind, detail=detail, ts=ts or utcnow())
+    s.add(ev)
+    return ev
+
+
+def find_job(s: Session, ref: str) -> Job | None:
+    """A job by exact id, else by unique name (newest first)."""
+    job = s.get(Job, ref)
+    if job is not None:
+        return job
+    rows = s.exec(select(Job).where(Job.name == ref).order_by(Job.created_at.desc())).all()
+    return rows[0] if rows else None
+
+
+def attempts_of(s: Session, job_id: str) -> list[Attempt]:
+    """A job's attempts in launch order."""
+    return list(s.exec(select(Attempt).where(Attempt.job_id == job_id).order_by(Attempt.number)))
+
+
+def iter_jobs(s: Session) -> Iterator[Job]:
+    """All jobs, oldest first."""
+    yield from s.exec(select(Job).order_by(Job.created_at))

@@ -1,0 +1,54 @@
+"""Where things live in the daemon's object store (one prefix per job).
+
+The agent and the daemon talk only through these objects, so an instance's
+reports outlive it and the daemon can crash without losing them.
+"""
+
+from __future__ import annotations
+
+DAEMON_ALIVE = "daemon/alive.json"
+
+
+def job_prefix(job_id: str) -> str:
+    """Everything of one job lives under this prefix."""
+    return f"jobs/{job_id}"
+
+
+def bundle_key(job_id: str) -> str:
+    """The job's code bundle (tar.gz of workdir)."""
+    return f"jobs/{job_id}/bundle.tar.gz"
+
+
+def control_key(job_id: str) -> str:
+    """Daemon -> agent requests, e.g. {"cancel": true}."""
+    return f"jobs/{job_id}/control.json"
+
+
+def attempt_prefix(job_id: str, attempt: int) -> str:
+    """One attempt's reports."""
+    return f"jobs/{job_id}/attempts/{attempt:04d}"
+
+
+def heartbeat_key(job_id: str, attempt: int) -> str:
+    """Agent -> daemon: liveness and progress, rewritten every beat."""
+    return f"{attempt_prefix(job_id, attempt)}/heartbeat.json"
+
+
+def exit_key(job_id: str, attempt: int) -> str:
+    """Agent -> daemon: how the command ended."""
+    return f"{attempt_prefix(job_id, attempt)}/exit.json"
+
+
+def notice_key(job_id: str, attempt: int) -> str:
+    """Agent -> daemon: the interruption notice it saw, and the emergency save."""
+    return f"{attempt_prefix(job_id, attempt)}/notice.json"
+
+
+def log_prefix(job_id: str, attempt: int) -> str:
+    """Log segments of one attempt, `<seq:06d>.log` each, in order."""
+    return f"jobs/{job_id}/logs/{attempt:04d}"
+
+
+def default_checkpoint_prefix(job_id: str) -> str:
+    """Checkpoints when the spec names no checkpoint.uri."""
+    return f"jobs/{job_id}/checkpoints"

@@ -1,0 +1,128 @@
+"""The provider interface: a pure launch plan, then the acts (launch, describe, terminate).
+
+Both `local` and `aws` implement it; the daemon talks to nothing else.
+Times in InstanceInfo are the provider's clock (the local market runs faster than
+the wall), and the ledger books those times.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from datetime import datetime
+from typing import Any, Protocol, runtime_checkable
+
+from spotrun.states import InstanceState, Market, TerminationCause
+
+TAG_JOB = "spotrun:job"
+TAG_ATTEMPT = "spotrun:attempt"
+TAG_MANAGED = "spotrun:managed"
+
+
+@dataclass(frozen=True)
+class Pool:
+    """Where an instance can be bought: type, zone and market."""
+
+    instance_type: str
+    zone: str
+    market: Market
+
+    def key(self) -> str:
+        """`type/zone/market`, for logs and error tables."""
+        return f"{self.instance_type}/{self.zone}/{self.market.value}"
+
+
+@dataclass(frozen=True)
+class LaunchRequest:
+    """What the daemon wants launched for one attempt (candidates in preference order)."""
+
+    job_id: str
+    attempt_number: int
+    client_token: str               # idempotency: the same token never starts two instances
+    candidates: tuple[Pool, ...]
+    user_data: str                  # the agent's config (JSON); cloud-init wraps it on AWS
+    tags: dict[str, str] = field(default_factory=dict)
+    max_price_usd_per_hour: float | None = None
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    """The calls a launch would make; printing it changes nothing."""
+
+    provider: str
+    request: LaunchRequest
+    calls: tuple[dict[str, Any], ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-able view (user data elided to its size)."""
+        req = asdict(self.request)
+        req["user_data"] = f"<{len(self.request.user_data)} bytes>"
+        req["candidates"] = [p.key() for p in self.request.candidates]
+        return {"provider": self.provider, "request": req, "calls": list(self.calls)}
+
+
+@dataclass(frozen=True)
+class InstanceInfo:
+    """A provider's view of one instance."""
+
+    instance_id: str
+    instance_type: str
+    zone: str
+    market: Market
+    state: InstanceState
+    launched_at: datetime
+    ended_at: datetime | None = None
+    cause: TerminationCause | None = None
+    tags: dict[str, str] = field(default_factory=dict)
+    price_usd_per_hour: float | None = None
+    client_token: str | None = None
+    notice_at: datetime | None = None   # interruption notice time, if the provider knows
+
+
+@dataclass(frozen=True)
+class PricePoint:
+    """A spot price change point."""
+
+    instance_type: str
+    zone: str
+    ts: datetime
+    price_usd_per_hour: float
+
+
+@runtime_checkable
+class Provider(Protocol):
+    """What every provider implements."""
+
+    name: str
+
+    def zones(self) -> list[str]:
+        """Zones this provider can launch into."""
+
+    def now(self) -> datetime:
+        """The provider's current time (its clock bills)."""
+
+    def plan_launch(self, request: LaunchRequest) -> LaunchPlan:
+        """Pure: the calls launch() would make for request."""
+
+    def launch(self, plan: LaunchPlan) -> InstanceInfo:
+        """Start one instance from the first candidate with capacity.
+
+        Idempotent by client token: retrying returns the instance already started.
+        Raises CapacityError when no candidate has capacity.
+        """
+
+    def describe(self, *, job_id: str | None = None,
+                 instance_ids: list[str] | None = None) -> list[InstanceInfo]:
+        """Instances spotrun manages (optionally of one job or these ids), terminated included."""
+
+    def terminate(self, instance_id: str) -> None:
+        """Terminate; terminating a terminated or unknown instance is not an error."""
+
+    def spot_price(self, instance_type: str, zone: str) -> float | None:
+        """The spot price in effect now, or None if the pool has no spot price."""
+
+    def on_demand_price(self, instance_type: str) -> float:
+        """The on-demand USD/h of the type in this provider's region."""
+
+    def price_history(self, instance_type: str, zones: list[str], start: datetime,
+                      end: datetime) -> list[PricePoint]:
+        """Spot price change points in [start, end] (plus the one in effect at start)."""

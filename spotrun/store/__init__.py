@@ -1,0 +1,38 @@
+"""Object stores behind one interface; backends found by URI scheme in STORES."""
+
+from __future__ import annotations
+
+from typing import Callable
+from urllib.parse import urlparse
+
+from spotrun.errors import ConfigError
+from spotrun.store.base import ObjectInfo, ObjectStore, ProgressFn, join_key, validate_key
+
+StoreFactory = Callable[[str], ObjectStore]
+
+
+def _file(uri: str) -> ObjectStore:
+    from spotrun.store.file import FileStore
+    return FileStore.from_uri(uri)
+
+
+def _s3(uri: str) -> ObjectStore:
+    from spotrun.store.s3 import S3Store  # boto3 only when asked for
+    return S3Store.from_uri(uri)
+
+
+STORES: dict[str, StoreFactory] = {"file": _file, "s3": _s3}
+
+
+def open_store(uri: str) -> ObjectStore:
+    """The store for uri (`file:///abs/path` or `s3://bucket/prefix`)."""
+    scheme = urlparse(uri).scheme
+    factory = STORES.get(scheme)
+    if factory is None:
+        raise ConfigError(f"unsupported store scheme {scheme!r}; allowed: {', '.join(STORES)}",
+                          field="store_uri", value=uri)
+    return factory(uri)
+
+
+__all__ = ["ObjectInfo", "ObjectStore", "ProgressFn", "STORES", "join_key", "open_store",
+           "validate_key"]

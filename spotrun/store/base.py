@@ -1,0 +1,74 @@
+"""The object-store interface shared by `file://` and `s3://`.
+
+Keys are relative, '/'-separated, without '..' or empty parts. A store rooted at
+`uri` sees only keys under it; `sub(prefix)` gives a narrower view (a job's prefix).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Protocol, runtime_checkable
+
+from spotrun.errors import StoreError
+
+ProgressFn = Callable[[int, int], None]   # (bytes_done, bytes_total)
+
+
+@dataclass(frozen=True)
+class ObjectInfo:
+    """One listed object."""
+
+    key: str
+    size: int
+
+
+@runtime_checkable
+class ObjectStore(Protocol):
+    """What every store implements."""
+
+    uri: str
+
+    def put_bytes(self, key: str, data: bytes) -> None:
+        """Write data at key atomically: readers see the old object or the new, never a part."""
+
+    def put_if_absent(self, key: str, data: bytes) -> bool:
+        """Write only if key does not exist; True if this call created it."""
+
+    def put_file(self, key: str, path: str | Path, progress: ProgressFn | None = None) -> str:
+        """Upload a local file atomically; returns its SHA256 hex digest."""
+
+    def get_bytes(self, key: str) -> bytes:
+        """The object's bytes; raises ObjectNotFound."""
+
+    def get_file(self, key: str, path: str | Path, progress: ProgressFn | None = None) -> None:
+        """Download key to path (written atomically); raises ObjectNotFound."""
+
+    def exists(self, key: str) -> bool:
+        """True if key exists."""
+
+    def list(self, prefix: str = "") -> list[ObjectInfo]:
+        """Objects whose key starts with prefix, sorted by key."""
+
+    def delete(self, key: str) -> None:
+        """Remove key; deleting a missing key is not an error."""
+
+    def sub(self, prefix: str) -> "ObjectStore":
+        """A view of this store rooted at prefix."""
+
+
+def validate_key(key: str) -> str:
+    """Return key if it is a safe relative key, else raise StoreError."""
+    if not key or key.startswith("/") or "\\" in key:
+        raise StoreError("invalid object key", field="key", value=key,
+                         hint="keys are relative, '/'-separated")
+    parts = key.split("/")
+    if any(p in ("", ".", "..") for p in parts[:-1]) or parts[-1] in ("", ".", ".."):
+        raise StoreError("invalid object key", field="key", value=key,
+                         hint="no empty, '.' or '..' parts")
+    return key
+
+
+def join_key(*parts: str) -> str:
+    """Join key parts with '/', skipping empty ones."""
+    return "/".join(p.strip("/") for p in parts if p and p.strip("/"))
