@@ -1,0 +1,156 @@
+"""Torch-free checkpoint layout: write, verify, list, find latest, retain.
+
+A checkpoint is a folder `ckpt-<step:012d>/` under the job's checkpoint prefix.
+Data files are written first; `MANIFEST.json` (sizes and SHA256 of every file)
+last, so a checkpoint is visible only once complete. The agent and daemon use
+this module without importing torch; `spotrun.torch` builds on it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import re
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any
+
+from spotrun.errors import ChecksumMismatch, ObjectNotFound, StoreError
+from spotrun.store.base import ObjectStore
+
+MANIFEST = "MANIFEST.json"
+FORMAT = 1
+_NAME_RE = re.compile(r"^ckpt-(\d{12})$")
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """What a complete checkpoint holds."""
+
+    name: str
+    step: int
+    created: str
+    files: dict[str, dict[str, Any]]        # name -> {"size": int, "sha256": hex}
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> bytes:
+        """Serialised manifest."""
+        return json.dumps({"format": FORMAT, "step": self.step, "created": self.created,
+                           "files": self.files, "extra": self.extra}, sort_keys=True).encode()
+
+
+def checkpoint_name(step: int) -> str:
+    """Folder name of the checkpoint at step."""
+    return f"ckpt-{step:012d}"
+
+
+def sha256_hex(data: bytes) -> str:
+    """SHA256 hex digest of data."""
+    return hashlib.sha256(data).hexdigest()
+
+
+def write_manifest(store: ObjectStore, step: int, files: dict[str, dict[str, Any]],
+                   extra: dict[str, Any] | None = None) -> Manifest:
+    """Publish a checkpoint whose data files are already in the store (the last write)."""
+    name = checkpoint_name(step)
+    m = Manifest(name=name, step=step, created=datetime.now(timezone.utc).isoformat(),
+                 files=files, extra=extra or {})
+    store.put_bytes(f"{name}/{MANIFEST}", m.to_json())
+    return m
+
+
+def put_checkpoint_files(store: ObjectStore, step: int, blobs: dict[str, bytes],
+                         extra: dict[str, Any] | None = None) -> Manifest:
+    """Write each blob, then the manifest: a complete checkpoint in one call."""
+    name = checkpoint_name(step)
+    files: dict[str, dict[str, Any]] = {}
+    for fname, data in blobs.items():
+        store.put_bytes(f"{name}/{fname}", data)
+        files[fname] = {"size": len(data), "sha256": sha256_hex(data)}
+    return write_manifest(store, step, files, extra)
+
+
+def read_manifest(store: ObjectStore, name: str) -> Manifest:
+    """Parse one checkpoint's manifest; raises ObjectNotFound or StoreError."""
+    raw = store.get_bytes(f"{name}/{MANIFEST}")
+    try:
+        d = json.loads(raw)
+        return Manifest(name=name, step=int(d["step"]), created=str(d["created"]),
+                        files=dict(d["files"]), extra=dict(d.get("extra") or {}))
+    except (ValueError, KeyError, TypeError) as exc:
+        raise StoreError(f"corrupt manifest: {exc}", field="checkpoint", value=name) from None
+
+
+def verify(store: ObjectStore, name: str, *, deep: bool = True) -> Manifest:
+    """Check every file's size (and SHA256 when deep); raises ChecksumMismatch."""
+    m = read_manifest(store, name)
+    listed = {o.key.rsplit("/", 1)[-1]: o.size for o in store.list(f"{name}/")}
+    for fname, meta in m.files.items():
+        size = listed.get(fname)
+        if size is None:
+            raise ChecksumMismatch("file missing", field="checkpoint", value=f"{name}/{fname}")
+        if size != meta["size"]:
+            raise ChecksumMismatch(f"size {size} != {meta['size']}", field="checkpoint",
+                                   value=f"{name}/{fname}")
+        if deep and sha256_hex(store.get_bytes(f"{name}/{fname}")) != meta["sha256"]:
+            raise ChecksumMismatch("sha256 differs", field="checkpoint", value=f"{name}/{fname}")
+    return m
+
+
+def list_names(store: ObjectStore) -> list[str]:
+    """Checkpoint folder names present (complete or not), oldest first."""
+    names = set()
+    for o in store.list("ckpt-"):
+        top = o.key.split("/", 1)[0]
+        if _NAME_RE.match(top):
+            names.add(top)
+    return sorted(names)
+
+
+def list_complete(store: ObjectStore) -> list[str]:
+    """Names of checkpoints that have a manifest, oldest first (not verified)."""
+    return [n for n in list_names(store) if store.exists(f"{n}/{MANIFEST}")]
+
+
+def latest_verified(store: ObjectStore, *, deep: bool = True) -> Manifest | None:
+    """The newest checkpoint whose manifest verifies; partial or corrupt ones are skipped."""
+    for name in reversed(list_complete(store)):
+        try:
+            return verify(store, name, deep=deep)
+        except (ChecksumMismatch, ObjectNotFound, StoreError) as exc:
+            log.warning("skipping checkpoint %s: %s", name, exc)
+    return None
+
+
+def apply_retention(store: ObjectStore, keep: int) -> list[str]:
+    """Delete all but the newest `keep` complete checkpoints, and stale partial ones.
+
+    The newest verified checkpoint is never deleted, even if newer complete ones
+    exist that fail verification. Returns the deleted names.
+    """
+    keep = max(1, keep)
+    complete = list_complete(store)
+    newest_ok = latest_verified(store, deep=False)
+    keep_set = set(complete[-keep:])
+    if newest_ok is not None:
+        keep_set.add(newest_ok.name)
+    newest_complete_step = _step(complete[-1]) if complete else -1
+    deleted = []
+    for name in list_names(store):
+        partial = name not in complete
+        # A partial folder newer than every complete one may be a save in flight.
+        if name in keep_set or (partial and _step(name) > newest_complete_step):
+            continue
+        # Manifest first, so a half-deleted checkpoint is never mistaken for complete.
+        store.delete(f"{name}/{MANIFEST}")
+        for o in store.list(f"{name}/"):
+            store.delete(o.key)
+        deleted.append(name)
+    return deleted
+
+
+def _step(name: str) -> int:
+    m = _NAME_RE.match(name)
+    return int(m.group(1)) if m else -1
