@@ -39,6 +39,7 @@ class Catalog:
 
     types: dict[str, InstanceType]
     source: str = ""
+    meta: dict[str, Any] = field(default_factory=dict)   # other top-level sections (cost model)
 
     def get(self, name: str) -> InstanceType:
         """The named type; raises ConfigError if unknown."""
@@ -71,7 +72,8 @@ def parse_catalog(raw: dict[str, Any]) -> Catalog:
             spot_snapshot_usd_per_hour=tuple(snap) if snap else None,
             extra={k: v for k, v in row.items() if k not in known},
         )
-    return Catalog(types=types, source=str(raw.get("source", "")))
+    meta = {k: v for k, v in raw.items() if k not in ("instance_types", "source")}
+    return Catalog(types=types, source=str(raw.get("source", "")), meta=meta)
 
 
 @lru_cache(maxsize=4)

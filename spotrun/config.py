@@ -55,6 +55,26 @@ class AgentSettings:
 
 
 @dataclass(frozen=True)
+class AwsSettings:
+    """The `aws` provider: where instances launch and how the client behaves."""
+
+    ami_id: str = ""                       # an AMI with NVIDIA drivers (e.g. a Deep Learning AMI)
+    subnets: tuple[str, ...] = ()          # "zone=subnet-id" each; () = default VPC by zone
+    security_group_ids: tuple[str, ...] = ()
+    key_name: str = ""                     # "" = no SSH key
+    instance_profile_arn: str = ""         # role the agent uses for S3 (and SSM secrets)
+    endpoint_url: str = ""                 # "" = AWS; tests point it at moto on 127.0.0.1
+    spotrun_install: str = "spotrun"       # pip spec the user data installs on the instance
+    volume_size_gb: int = 200              # root volume (gp3), deleted with the instance
+    launch_api: str = "fleet"              # "fleet" (create_fleet instant) or "run_instances"
+    retry_attempts: int = 6                # tries per call on throttling / 5xx
+    retry_base_s: float = 0.5              # jittered exponential back-off base
+    retry_max_s: float = 20.0              # longest single back-off
+    capacity_cooldown_s: float = 600.0     # skip a pool this long after a capacity error
+    imds_endpoint: str = "http://169.254.169.254"   # what agents poll for notices
+
+
+@dataclass(frozen=True)
 class Settings:
     """All settings; `home` and `db_url` are derived when empty."""
 
@@ -66,6 +86,7 @@ class Settings:
     local: LocalMarketSettings = field(default_factory=LocalMarketSettings)
     daemon: DaemonSettings = field(default_factory=DaemonSettings)
     agent: AgentSettings = field(default_factory=AgentSettings)
+    aws: AwsSettings = field(default_factory=AwsSettings)
 
     @property
     def home_path(self) -> Path:

@@ -69,6 +69,7 @@ class Job(SQLModel, table=True):
     last_step: int = 0
     total_steps: int | None = None
     reason: str | None = None           # why the job ended, for failed/budget states
+    budget_stop_requested: bool = False  # spend loop: stop (checkpoint, terminate) for budget
 
     @property
     def spec(self) -> dict[str, Any]:
@@ -96,8 +97,16 @@ class Attempt(SQLModel, table=True):
     detail: str | None = None
     start_step: int = 0
     last_step: int = 0
+    steps_per_s: float | None = None   # measured by the training library
+    checkpoint_save_s: float | None = None  # blocking cost of one save, from heartbeats
+    gpus: int = 1                       # GPUs the job uses on this instance (SPOTRUN_GPUS)
+    checkpoint_interval_s: float | None = None  # chosen at launch, provider-clock seconds
+    stop_requested_at: datetime | None = Field(default=None, sa_type=UTCDateTime)  # wall clock
     last_heartbeat_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
     notice_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
+    running_at: datetime | None = Field(default=None, sa_type=UTCDateTime)  # provider clock:
+    #   first heartbeat in phase "running" (boot, setup and restore are over); audit overhead
+    checkpoint_stall_s: float | None = None  # training seconds paused for checkpoint saves
 
 
 class Event(SQLModel, table=True):
@@ -119,6 +128,7 @@ class SpendEntry(SQLModel, table=True):
     attempt_id: int | None = Field(default=None, index=True)
     instance_id: str | None = None
     kind: str = "compute"               # compute | storage | volume | correction
+    #   | adjustment | requests: spotrun.ledger.rules.SpendKind
     market: str | None = None
     instance_type: str | None = None
     zone: str | None = None
@@ -130,6 +140,21 @@ class SpendEntry(SQLModel, table=True):
     price_source: str = ""
     note: str = ""
     booked_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
+
+
+class LedgerMark(SQLModel, table=True):
+    """How far the ledger has booked one thing (an attempt, a job's storage): its watermark.
+
+    Written in the same transaction as the rows it covers; `version` makes the update a
+    compare-and-set so two bookers can never book the same seconds twice.
+    """
+
+    key: str = Field(primary_key=True)  # "attempt:<id>" | "storage:<job id>"
+    job_id: str = Field(index=True)
+    booked_until: datetime = Field(sa_type=UTCDateTime)   # provider clock
+    closed: bool = False                # final billing rules applied; nothing more to book
+    version: int = 0
+    state_json: str = "{}"              # small booker state (e.g. keys seen in the store)
 
 
 class Meta(SQLModel, table=True):

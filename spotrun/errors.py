@@ -85,3 +85,7 @@ class ChecksumMismatch(StoreError):
 
 class CheckpointError(SpotrunError):
     """A checkpoint could not be written, verified or restored."""
+
+
+class SecretError(SpotrunError):
+    """A secret reference could not be resolved; names the secret, never its value."""

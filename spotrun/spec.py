@@ -54,6 +54,7 @@ class WorkSpec:
     total_steps: int | None = None
     reference_hours: float | None = None
     reference_instance: str | None = None
+    scaling: tuple[tuple[int, float], ...] = ()   # ((gpus, speedup), ...); () = catalog default
 
 
 @dataclass(frozen=True)
@@ -105,12 +106,14 @@ def spec_from_dict(d: dict[str, Any]) -> JobSpec:
     r = dict(d["resources"])
     r["instance_types"] = tuple(r.get("instance_types") or ())
     r["zones"] = tuple(r.get("zones") or ())
+    w = dict(d["work"])
+    w["scaling"] = tuple((int(n), float(v)) for n, v in (w.get("scaling") or ()))
     p = dict(d["policy"])
     p["market"] = MarketPolicy(p["market"])
     return JobSpec(name=d["name"], command=d["command"], workdir=d.get("workdir"),
                    env=dict(d.get("env") or {}), secrets=dict(d.get("secrets") or {}),
                    resources=Resources(**r), model=ModelSpec(**d["model"]),
-                   work=WorkSpec(**d["work"]), checkpoint=CheckpointSpec(**d["checkpoint"]),
+                   work=WorkSpec(**w), checkpoint=CheckpointSpec(**d["checkpoint"]),
                    policy=PolicySpec(**p))
 
 
@@ -215,7 +218,7 @@ def _model(raw: Any) -> ModelSpec:
 
 
 def _work(raw: Any, types: set[str]) -> WorkSpec:
-    m = _mapping(raw, "work", {"total_steps", "reference_hours", "reference_instance"})
+    m = _mapping(raw, "work", {"total_steps", "reference_hours", "reference_instance", "scaling"})
     steps = _int(m, "total_steps", "work", 1, None, None)
     hours = _num(m, "reference_hours", "work", None, positive=True)
     ref = m.get("reference_instance")
@@ -225,7 +228,22 @@ def _work(raw: Any, types: set[str]) -> WorkSpec:
     if (hours is None) != (ref is None):
         missing = "work.reference_instance" if ref is None else "work.reference_hours"
         raise SpecError("reference_hours and reference_instance go together", field=missing)
-    return WorkSpec(total_steps=steps, reference_hours=hours, reference_instance=ref)
+    return WorkSpec(total_steps=steps, reference_hours=hours, reference_instance=ref,
+                    scaling=_scaling(m.get("scaling")))
+
+
+def _scaling(raw: Any) -> tuple[tuple[int, float], ...]:
+    """work.scaling: {gpus: speedup over one GPU}, overriding the catalog's curve."""
+    if raw is None:
+        return ()
+    ok = isinstance(raw, dict) and raw and all(
+        isinstance(k, int) and not isinstance(k, bool) and 1 <= k <= 1024
+        and isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0
+        for k, v in raw.items())
+    if not ok:
+        raise SpecError("allowed: a mapping {gpus 1-1024: speedup > 0}, e.g. {1: 1.0, 8: 6.5}",
+                        field="work.scaling", value=raw)
+    return tuple(sorted((int(k), float(v)) for k, v in raw.items()))
 
 
 def _checkpoint(raw: Any) -> CheckpointSpec:

@@ -32,6 +32,10 @@ class AgentConfig:
     log_flush_interval_s: float = 2.0
     deadman_timeout_s: float = 1800.0     # wall seconds of daemon silence before shutdown
     region: str = "us-east-1"
+    shutdown_command: str | None = None   # run after exit.json, e.g. "sudo shutdown -h now"
+    imds_token_ttl_s: int = 21600         # IMDSv2 session token lifetime asked for
+    control_poll_interval_s: float = 2.0  # wall seconds between control.json / alive.json reads
+    stop_grace_s: float = 10.0            # wall seconds between SIGTERM and SIGKILL of the job
 
     def to_json(self) -> str:
         """Serialise for user data."""

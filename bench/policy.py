@@ -1,0 +1,120 @@
+"""Policy benchmark (issue 7): each policy's mean cost against on-demand and the optimum.
+
+9-zone p3.2xlarge availability trace with its spot prices (../shared/traces, copied
+under spotrun/data/traces if present), 48 h of work, changeover 0.2 h, deadlines
+60/72/96 h, seeded starts (the same for every policy), one zone at a time (averaged
+over the 9 zones) and all 9 zones together. Asserts that every run meets its
+deadline and that no policy ever beats `optimal`.
+
+    .venv/bin/python bench/policy.py                 # the recorded figures (300 starts)
+    .venv/bin/python bench/policy.py --starts 40     # a quick look
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from spotrun.policy import ALL_POLICY_NAMES, OPTIMAL
+from spotrun.simulate.model import build_model, pick_starts
+from spotrun.simulate.runner import run_policies
+from spotrun.traces import load_prices, load_trace
+
+ROOT = Path(__file__).resolve().parents[1]
+TRACE = "aws_p3.2xlarge_availability_2023-02-15_9az.csv"
+PRICES = "aws_p3.2xlarge_spot_price_changes_2023-02-15_9az.csv"
+RULES = ("greedy", "uniform-progress")
+OD_PRICE_USD_PER_HOUR = 3.06     # p3.2xlarge on-demand, us-east-1 (BRIEF section 1)
+
+
+def _find(name: str) -> Path:
+    for d in (ROOT / "spotrun" / "data" / "traces", ROOT.parent / "shared" / "traces",
+              Path("/work/shared/traces")):
+        if (d / name).exists():
+            return d / name
+    raise SystemExit(f"trace file {name} not found")
+
+
+def run_setting(trace, prices, pools: list[str], deadline_h: float, args) -> dict:
+    """Run every policy on one (pools, deadline) setting; check the invariants."""
+    model = build_model(trace.select(pools), prices, spot_price_usd_per_hour=None,
+                        od_price_usd_per_hour=OD_PRICE_USD_PER_HOUR, work_hours=args.work_hours,
+                        deadline_hours=deadline_h, changeover_hours=args.changeover_hours)
+    rows = pick_starts(model, starts=args.starts, seed=args.seed, t0=None)
+    res = run_policies(model, rows, ALL_POLICY_NAMES, workers=args.workers)
+    opt = res.runs[OPTIMAL].costs_usd
+    for name, r in res.runs.items():
+        assert r.deadline_met.all(), f"{name} missed a deadline ({pools}, {deadline_h} h)"
+        worse = r.costs_usd < opt - 1e-9 * np.maximum(1.0, opt)
+        assert not worse.any(), f"{name} beat optimal at rows {rows[worse][:5]}"
+    return res.summary()
+
+
+def closure(better: float, ours: float) -> float:
+    """Share of the better rule's gap to optimal (ratio 1) that ours closes."""
+    return (better - ours) / (better - 1.0) if better > 1.0 else 0.0
+
+
+def main() -> None:
+    """Run the benchmark and print the tables."""
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--starts", type=int, default=300)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--workers", type=int, default=min(2, os.cpu_count() or 1))
+    ap.add_argument("--work-hours", type=float, default=48.0)
+    ap.add_argument("--changeover-hours", type=float, default=0.2)
+    ap.add_argument("--deadlines", type=float, nargs="+", default=[60.0, 72.0, 96.0])
+    ap.add_argument("--json", type=Path, help="also write the figures to this file")
+    args = ap.parse_args()
+    t_start = time.monotonic()
+    trace, prices = load_trace(_find(TRACE)), load_prices(_find(PRICES))
+    zones = trace.pools
+    figures: dict = {"args": {k: (str(v) if isinstance(v, Path) else v)
+                              for k, v in vars(args).items()}, "deadlines": {}}
+    for deadline_h in args.deadlines:
+        single = {z: run_setting(trace, prices, [z], deadline_h, args) for z in zones}
+        every = run_setting(trace, prices, zones, deadline_h, args)
+        avg = {name: {key: float(np.mean([single[z][name][key] for z in zones]))
+                      for key in ("mean_cost_vs_on_demand", "mean_cost_vs_optimal")}
+               for name in ALL_POLICY_NAMES}
+        figures["deadlines"][str(deadline_h)] = {"single_zone_avg": avg, "all_zones": every,
+                                                 "per_zone": single}
+        print(f"deadline {deadline_h:g} h done ({time.monotonic() - t_start:.0f} s)",
+              file=sys.stderr)
+    print_tables(figures, args)
+    print(f"\nwall time: {time.monotonic() - t_start:.0f} s "
+          f"({args.starts} starts, {args.workers} workers)")
+    if args.json:
+        args.json.write_text(json.dumps(figures, indent=1))
+
+
+def print_tables(figures: dict, args) -> None:
+    """Mean cost vs on-demand and vs optimal per policy, deadline and setting; gap closure."""
+    dls = list(figures["deadlines"])
+    for setting, label in (("single_zone_avg", "single zone (mean over 9 zones)"),
+                           ("all_zones", "all 9 zones")):
+        print(f"\n{label}: mean cost / on-demand  |  mean cost / optimal")
+        print(f"{'policy':18}" + "".join(f"{d + ' h':>10}" for d in dls) + "  |"
+              + "".join(f"{d + ' h':>10}" for d in dls))
+        for name in ALL_POLICY_NAMES:
+            row = [figures["deadlines"][d][setting][name] for d in dls]
+            print(f"{name:18}" + "".join(f"{r['mean_cost_vs_on_demand']:10.4f}" for r in row)
+                  + "  |" + "".join(f"{r['mean_cost_vs_optimal']:10.4f}" for r in row))
+        cl = []
+        for d in dls:
+            s = figures["deadlines"][d][setting]
+            better = min(s[r]["mean_cost_vs_optimal"] for r in RULES)
+            cl.append(closure(better, s["spotrun"]["mean_cost_vs_optimal"]))
+        print(f"{'gap closed':18}" + "".join(f"{c:10.1%}" for c in cl)
+              + f"  | mean {np.mean(cl):.1%}")
+        figures.setdefault("closure", {})[setting] = cl
+
+
+if __name__ == "__main__":
+    main()

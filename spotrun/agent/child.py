@@ -1,0 +1,115 @@
+"""Start the job's command in its own process group, and signal that group.
+
+The command runs under `bash -c` with SIGUSR1 ignored by the shell (`trap ''`):
+a shell left waiting on a multi-command line would otherwise die of the
+interruption notice. Ignored signals pass to the shell's children as ignored,
+so a job that does not handle SIGUSR1 keeps running, and one that installs a
+handler (the training library does) gets it.
+
+If the agent itself is killed outright (the local market's reclaim), Linux
+delivers SIGKILL to the command too (PR_SET_PDEATHSIG), as when a real
+instance vanishes; the group id is also left in a file for whoever cleans up.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Callable, Mapping
+
+from spotrun.agent.config import AgentConfig
+
+SHELL_PREFIX = "trap '' USR1\n"
+PGID_FILE = "job.pgid"   # beside the log: the command's process group id
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent_fn() -> Callable[[], None] | None:
+    """A preexec function binding the child's life to the agent's (Linux only)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl   # looked up before fork, not after
+    except (OSError, AttributeError):
+        return None
+
+    parent = os.getpid()
+
+    def preexec() -> None:
+        prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+        if os.getppid() != parent:   # the agent died before prctl took effect
+            os._exit(137)
+
+    return preexec
+
+
+def child_env(config: AgentConfig, *, base: Mapping[str, str], secrets: Mapping[str, str],
+              resume_checkpoint: str | None, progress_file: Path) -> dict[str, str]:
+    """os.environ + job env + secrets + the SPOTRUN_* contract variables (last wins)."""
+    env = dict(base)
+    # `python` in the command means the interpreter spotrun runs under (the instance's venv),
+    # whatever PATH the instance booted with.
+    bindir = str(Path(sys.executable).parent)
+    path = env.get("PATH", "")
+    if bindir not in path.split(os.pathsep):
+        env["PATH"] = bindir + (os.pathsep + path if path else "")
+    env.update(config.env)
+    env.update(secrets)
+    env.update({
+        "SPOTRUN_JOB_ID": config.job_id,
+        "SPOTRUN_ATTEMPT": str(config.attempt),
+        "SPOTRUN_GPUS": str(config.gpus),
+        "SPOTRUN_CHECKPOINT_URI": config.checkpoint_uri,
+        "SPOTRUN_CHECKPOINT_KEEP": str(config.checkpoint_keep),
+        "SPOTRUN_RESUME_CHECKPOINT": resume_checkpoint or "",
+        "SPOTRUN_PROGRESS_FILE": str(progress_file.resolve()),
+    })
+    if config.checkpoint_interval_s is not None:
+        env["SPOTRUN_CHECKPOINT_INTERVAL_S"] = str(config.checkpoint_interval_s)
+    else:
+        env.pop("SPOTRUN_CHECKPOINT_INTERVAL_S", None)
+    if config.total_steps is not None:
+        env["SPOTRUN_TOTAL_STEPS"] = str(config.total_steps)
+    else:
+        env.pop("SPOTRUN_TOTAL_STEPS", None)
+    return env
+
+
+def spawn(command: str, *, cwd: Path, env: Mapping[str, str], log_path: Path) -> subprocess.Popen:
+    """Run the command with stdout+stderr appended to log_path, as a new session.
+
+    Call it before starting other threads: the preexec hook is not thread-safe.
+    """
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "ab") as out:
+        proc = subprocess.Popen(["bash", "-c", SHELL_PREFIX + command], cwd=cwd, env=dict(env),
+                                stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True, preexec_fn=_die_with_parent_fn())
+    (log_path.parent / PGID_FILE).write_text(f"{proc.pid}\n")
+    return proc
+
+
+def signal_group(proc: subprocess.Popen, sig: int) -> bool:
+    """Send sig to the child's process group; False if the group is gone."""
+    try:
+        os.killpg(proc.pid, sig)   # start_new_session: the group id is the child's pid
+        return True
+    except (ProcessLookupError, PermissionError):
+        return False
+
+
+def exit_code_of(returncode: int) -> int:
+    """A shell-style exit code: 128+N for a process killed by signal N."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
+def signal_name(sig: int) -> str:
+    """SIGTERM etc., for logs."""
+    try:
+        return signal.Signals(sig).name
+    except ValueError:
+        return str(sig)

@@ -1,0 +1,45 @@
+"""The agent's clocks, passed in so tests can drive timing logic without waiting."""
+
+from __future__ import annotations
+
+import time
+from datetime import datetime, timezone
+from typing import Protocol
+
+
+class Clock(Protocol):
+    """Wall time (epoch seconds) for timestamps, monotonic time for intervals."""
+
+    def time(self) -> float:
+        """Seconds since the epoch."""
+
+    def monotonic(self) -> float:
+        """Seconds from an arbitrary start; never goes back."""
+
+
+class SystemClock:
+    """The real clocks."""
+
+    def time(self) -> float:
+        """time.time()."""
+        return time.time()
+
+    def monotonic(self) -> float:
+        """time.monotonic()."""
+        return time.monotonic()
+
+
+def iso(epoch_s: float) -> str:
+    """UTC ISO-8601 timestamp of epoch seconds."""
+    return datetime.fromtimestamp(epoch_s, timezone.utc).isoformat()
+
+
+def parse_iso(text: str) -> float | None:
+    """Epoch seconds of an ISO-8601 timestamp (naive = UTC); None if unparseable."""
+    try:
+        dt = datetime.fromisoformat(str(text).replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    if dt.tzinfo is None:
+        dt = dt.replace(tzinfo=timezone.utc)
+    return dt.timestamp()

@@ -1,0 +1,75 @@
+"""Ship the job's local log to the store as numbered, never-rewritten segments.
+
+Each flush uploads only the bytes added since the last one, with secret values
+replaced by '***'. A segment whose upload failed is retried with the same
+number and the same bytes before anything newer, so readers never see a gap
+filled later with different content.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from spotrun.agent.storeio import Reporter
+from spotrun.secrets import Redactor
+
+MAX_SEGMENT_BYTES = 4 * 1024 * 1024
+
+
+def segment_key(prefix: str, seq: int) -> str:
+    """Key of log segment number seq."""
+    return f"{prefix}/{seq:06d}.log"
+
+
+class LogShipper:
+    """Incremental, redacting upload of one local log file."""
+
+    def __init__(self, reporter: Reporter, prefix: str, path: str | Path, redactor: Redactor,
+                 *, max_segment_bytes: int = MAX_SEGMENT_BYTES) -> None:
+        self.reporter = reporter
+        self.prefix = prefix
+        self.path = Path(path)
+        self.redactor = redactor
+        self.max_segment_bytes = max_segment_bytes
+        self.offset = 0
+        self.seq = 0
+        self.bytes_shipped = 0
+        self._unsent: bytes | None = None
+
+    def _upload(self, data: bytes) -> bool:
+        if self.reporter.put_bytes(segment_key(self.prefix, self.seq), data):
+            self.seq += 1
+            self.bytes_shipped += len(data)
+            self._unsent = None
+            return True
+        self._unsent = data
+        return False
+
+    def _read_new(self) -> bytes:
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(self.offset)
+                data = f.read(self.max_segment_bytes)
+        except FileNotFoundError:
+            return b""
+        self.offset += len(data)
+        return data
+
+    def flush(self, *, final: bool = False) -> int:
+        """Upload new output as segments; returns how many were written."""
+        written = 0
+        if self._unsent is not None:
+            if not self._upload(self._unsent):
+                return 0
+            written += 1
+        while True:
+            raw = self._read_new()
+            out = self.redactor.feed(raw) if raw else b""
+            if final and len(raw) < self.max_segment_bytes:
+                out += self.redactor.finish()
+            if out:
+                if not self._upload(out):
+                    return written
+                written += 1
+            if len(raw) < self.max_segment_bytes:
+                return written

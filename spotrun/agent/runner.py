@@ -1,0 +1,282 @@
+"""The agent: run one attempt of a job and report on it through the store.
+
+One main loop does heartbeats, log shipping, control/dead-man polling and the
+stop sequence; the interruption notice is polled on its own thread (see
+notice.py). Signal handlers only set a flag the loop reads.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import threading
+from pathlib import Path
+from typing import Any, Mapping
+
+import structlog
+
+from spotrun import layout
+from spotrun.agent.child import child_env, exit_code_of, signal_group, spawn
+from spotrun.agent.clock import Clock, SystemClock, iso
+from spotrun.agent.config import AgentConfig
+from spotrun.agent.deadman import DeadmanSwitch
+from spotrun.agent.imds import ImdsClient, endpoint_for
+from spotrun.agent.logship import LogShipper
+from spotrun.agent.notice import NoticeWatcher, notice_poll_interval_wall_s
+from spotrun.agent.progress import ProgressReader
+from spotrun.agent.setup import AgentPaths, prepare
+from spotrun.agent.storeio import Reporter
+from spotrun.secrets import ClientFactory, Redactor
+from spotrun.store import open_store
+from spotrun.store.base import ObjectStore
+
+log = structlog.get_logger("spotrun.agent")
+
+TICK_S = 0.1   # longest the loop sleeps; bounds reaction to child exit and signals
+
+
+class Agent:
+    """One attempt, from setup to exit.json."""
+
+    def __init__(self, config: AgentConfig, *, workdir: str | Path,
+                 store: ObjectStore | None = None, checkpoint_store: ObjectStore | None = None,
+                 clock: Clock | None = None, environ: Mapping[str, str] | None = None,
+                 secret_clients: ClientFactory | None = None,
+                 imds: ImdsClient | None = None) -> None:
+        self.config = config
+        self.paths = AgentPaths(Path(workdir).resolve())
+        self.store = store or open_store(config.store_uri)
+        self.checkpoint_store = checkpoint_store
+        self.clock = clock or SystemClock()
+        self.environ = dict(os.environ if environ is None else environ)
+        self.secret_clients = secret_clients
+        self.imds = imds or ImdsClient(endpoint_for(config.imds_endpoint),
+                                       token_ttl_s=config.imds_token_ttl_s,
+                                       monotonic=self.clock.monotonic)
+        self.reporter = Reporter(self.store)
+        self.progress = ProgressReader(self.paths.progress_path)
+        self.deadman = DeadmanSwitch(config.deadman_timeout_s, self.clock)
+        self.proc: subprocess.Popen | None = None
+        self.stop_reason: str | None = None
+        self._kill_at: float | None = None
+        self._save_then_stop: tuple[str, float, Any] | None = None  # (reason, deadline, baseline)
+        self._signal_flag = False
+        self._notice_lock = threading.Lock()
+        self._notice: dict[str, Any] | None = None
+        self._notice_mono: float | None = None
+        self._notice_baseline: Any = None
+        self._rebalance: str | None = None
+        self._beat_now = False
+
+    # ------------------------------------------------------------ reports
+
+    def _key(self, fn: Any) -> str:
+        return fn(self.config.job_id, self.config.attempt)
+
+    def heartbeat(self, phase: str) -> None:
+        """Write heartbeat.json with the latest progress."""
+        p = self.progress.read()
+        total = p.get("total_steps")
+        if total is None:
+            total = self.config.total_steps
+        self.reporter.put_json(self._key(layout.heartbeat_key), {
+            "ts": iso(self.clock.time()), "attempt": self.config.attempt, "phase": phase,
+            "step": p.get("step"), "total_steps": total, "steps_per_s": p.get("steps_per_s"),
+            "last_checkpoint_step": p.get("last_checkpoint_step"),
+            "checkpoint_save_s": p.get("checkpoint_save_s"),
+            "notice": self._notice is not None, "rebalance": self._rebalance,
+        })
+
+    def _write_exit(self, reason: str, exit_code: int | None, message: str | None = None) -> None:
+        body: dict[str, Any] = {"ts": iso(self.clock.time()), "exit_code": exit_code,
+                                "reason": reason, "step": self.progress.read().get("step")}
+        if message:
+            body["message"] = message[:500]
+        self.reporter.put_json(self._key(layout.exit_key), body)
+
+    # ------------------------------------------------------------ notice (notice thread)
+
+    def _on_notice(self, info: dict[str, Any]) -> None:
+        signalled = self.proc is not None and signal_group(self.proc, signal.SIGUSR1)
+        now = self.clock.time()
+        with self._notice_lock:
+            self._notice_baseline = self.progress.read().get("emergency_checkpoint_step")
+            self._notice_mono = self.clock.monotonic()
+            self._notice = {"ts": iso(now), "action": info.get("action"), "time": info.get("time"),
+                            "signalled_at": iso(now) if signalled else None,
+                            "emergency_checkpoint_step": None, "emergency_save_s": None}
+            self.reporter.put_json(self._key(layout.notice_key), dict(self._notice))
+        self._beat_now = True
+        log.warning("interruption_notice", action=info.get("action"), time=info.get("time"),
+                    signalled=signalled)
+
+    def _on_rebalance(self, info: dict[str, Any]) -> None:
+        self._rebalance = str(info.get("noticeTime") or info.get("raw") or "seen")
+        self._beat_now = True
+        log.info("rebalance_recommendation", notice_time=self._rebalance)
+
+    def _check_emergency_save(self) -> None:
+        """Record the step of the save the notice triggered, once it shows in the progress file."""
+        with self._notice_lock:
+            if self._notice is None or self._notice["emergency_checkpoint_step"] is not None:
+                return
+            step = self.progress.read().get("emergency_checkpoint_step")
+            if step is None or step == self._notice_baseline:
+                return
+            took = round(self.clock.monotonic() - (self._notice_mono or 0.0), 3)
+            self._notice.update(emergency_checkpoint_step=step, emergency_save_s=took)
+            self.reporter.put_json(self._key(layout.notice_key), dict(self._notice))
+        log.info("emergency_checkpoint_seen", step=step, save_s=took)
+
+    # ------------------------------------------------------------ stopping
+
+    def _on_signal(self, signum: int, frame: Any) -> None:
+        self._signal_flag = True   # only a flag: the loop does the work
+
+    def begin_stop(self, reason: str) -> None:
+        """SIGTERM the job's group; SIGKILL follows after the grace."""
+        if self.stop_reason is not None or self.proc is None:
+            return
+        self.stop_reason = reason
+        self._kill_at = self.clock.monotonic() + self.config.stop_grace_s
+        signal_group(self.proc, signal.SIGTERM)
+        log.warning("stopping_job", reason=reason, grace_s=self.config.stop_grace_s)
+
+    def begin_save_then_stop(self, reason: str) -> None:
+        """Ask the job to checkpoint now (SIGUSR1), then stop it once saved or after the grace."""
+        if self._save_then_stop is not None or self.stop_reason is not None or self.proc is None:
+            return
+        baseline = self.progress.read().get("emergency_checkpoint_step")
+        signal_group(self.proc, signal.SIGUSR1)
+        self._save_then_stop = (reason, self.clock.monotonic() + self.config.stop_grace_s,
+                                baseline)
+        log.warning("checkpoint_then_stop", reason=reason)
+
+    def _check_save_then_stop(self) -> None:
+        if self._save_then_stop is None or self.stop_reason is not None:
+            return
+        reason, deadline, baseline = self._save_then_stop
+        step = self.progress.read().get("emergency_checkpoint_step")
+        if (step is not None and step != baseline) or self.clock.monotonic() >= deadline:
+            self.begin_stop(reason)
+
+    def _poll_control(self) -> None:
+        try:
+            control = self.reporter.read_json(layout.control_key(self.config.job_id))
+            if control and control.get("cancel") is True:
+                self.begin_stop("cancelled")
+                return
+            if control and control.get("checkpoint_and_stop"):
+                self.begin_save_then_stop(str(control.get("reason") or "budget"))
+            self.deadman.observe(self.reporter.read_json(layout.DAEMON_ALIVE))
+        except Exception as exc:   # store trouble: the dead-man clock keeps running
+            log.warning("control_read_failed", error=str(exc)[:300])
+        if self.deadman.expired():
+            log.error("daemon_silent", silent_s=round(self.deadman.silent_s(), 1))
+            self.begin_stop("deadman")
+
+    # ------------------------------------------------------------ run
+
+    def run(self) -> int:
+        """Run the attempt; returns the process exit code (the command's, 0 on success)."""
+        if threading.current_thread() is threading.main_thread():   # only there can it
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                signal.signal(sig, self._on_signal)
+        log.info("agent_start", job_id=self.config.job_id, attempt=self.config.attempt)
+        self.heartbeat("setup")
+        try:
+            prepared = prepare(self.config, store=self.store, paths=self.paths,
+                               environ=self.environ, secret_clients=self.secret_clients,
+                               checkpoint_store=self.checkpoint_store)
+        except Exception as exc:   # any setup failure ends the attempt with a reason
+            message = f"setup failed: {exc}"
+            log.error("setup_failed", error=message[:500])
+            self.heartbeat("exited")
+            self._write_exit("error", None, message)
+            self._shutdown()
+            return 1
+        if self._signal_flag:   # told to stop while setting up: never start the command
+            self.heartbeat("exited")
+            self._write_exit("signal", None, "agent signalled during setup")
+            self._shutdown()
+            return 128 + signal.SIGTERM
+        env = child_env(self.config, base=self.environ, secrets=prepared.secrets,
+                        resume_checkpoint=prepared.resume_checkpoint,
+                        progress_file=self.paths.progress_path)
+        shipper = LogShipper(self.reporter, layout.log_prefix(self.config.job_id,
+                                                              self.config.attempt),
+                             self.paths.log_path, Redactor(list(prepared.secrets.values())))
+        self.proc = spawn(self.config.command, cwd=self.paths.job_dir, env=env,
+                          log_path=self.paths.log_path)
+        del env, prepared
+        log.info("command_started", pid=self.proc.pid)
+        watcher = NoticeWatcher(self.imds, notice_poll_interval_wall_s(self.config),
+                                self._on_notice, self._on_rebalance)
+        watcher.start()
+        try:
+            returncode = self._loop(shipper)
+        finally:
+            watcher.stop()
+        return self._finish(returncode, shipper)
+
+    def _loop(self, shipper: LogShipper) -> int:
+        assert self.proc is not None
+        cfg = self.config
+        now = self.clock.monotonic()
+        next_beat, next_flush, next_control = now, now + cfg.log_flush_interval_s, now
+        while True:
+            if self._signal_flag:
+                self.begin_stop("signal")
+            returncode = self.proc.poll()
+            if returncode is not None:
+                return returncode
+            now = self.clock.monotonic()
+            if now >= next_control:
+                self._poll_control()
+                next_control = now + cfg.control_poll_interval_s
+            self._check_emergency_save()
+            self._check_save_then_stop()
+            if now >= next_beat or self._beat_now:
+                self._beat_now = False
+                self.heartbeat("running")
+                next_beat = now + cfg.heartbeat_interval_s
+            if now >= next_flush:
+                shipper.flush()
+                next_flush = now + cfg.log_flush_interval_s
+            if self._kill_at is not None and now >= self._kill_at:
+                log.error("job_ignored_sigterm", action="SIGKILL")
+                signal_group(self.proc, signal.SIGKILL)
+                self._kill_at = None
+            wait_s = min(TICK_S, max(0.0, min(next_beat, next_flush, next_control)
+                                     - self.clock.monotonic()))
+            try:
+                self.proc.wait(timeout=max(wait_s, 0.005))
+            except subprocess.TimeoutExpired:
+                pass
+
+    def _finish(self, returncode: int, shipper: LogShipper) -> int:
+        assert self.proc is not None
+        # Leftovers of the group (background jobs, workers) must not outlive the attempt.
+        signal_group(self.proc, signal.SIGKILL)
+        code = exit_code_of(returncode)
+        reason = self.stop_reason or ("completed" if code == 0 else "error")
+        self._check_emergency_save()
+        shipper.flush(final=True)
+        self.heartbeat("exited")
+        self._write_exit(reason, code)
+        log.info("agent_exit", reason=reason, exit_code=code, log_segments=shipper.seq,
+                 failed_writes=self.reporter.failed_writes)
+        self._shutdown()
+        return code
+
+    def _shutdown(self) -> None:
+        """Run the configured shutdown command (AWS); locally exiting is the shutdown."""
+        cmd = self.config.shutdown_command
+        if not cmd:
+            return
+        try:
+            subprocess.run(["bash", "-c", cmd], timeout=120, check=True,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        except (subprocess.SubprocessError, OSError) as exc:
+            log.error("shutdown_command_failed", error=str(exc)[:300])

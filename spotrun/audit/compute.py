@@ -1,0 +1,289 @@
+"""Audit figures from the database: actual spend by line, the on-demand baseline, waste.
+
+Actual figures are sums of raw ledger rows (nothing re-priced). The baseline is,
+for every attempt, the on-demand cost of the progress it kept (steps that survived
+into the next checkpoint) on the same instance type at the job's measured speed
+on that type, without interruptions; the job's baseline is their sum.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Callable
+
+from sqlmodel import Session, select
+
+from spotrun.audit.regret import hindsight_regret_usd
+from spotrun.db import Attempt, Job, SpendEntry, attempts_of, find_job, iter_jobs
+from spotrun.errors import NotFoundError
+from spotrun.ledger.intervals import seconds_between
+from spotrun.ledger.rules import SpendKind
+from spotrun.states import EndReason, JobState, Market
+
+OdPrice = Callable[[str], "float | None"]
+CheckpointStep = Callable[[Job], "int | None"]
+WASTE_CAUSES = ("lost_work", "restart_overhead", "waiting_for_capacity", "checkpoint_stall")
+
+
+@dataclass
+class AttemptAudit:
+    """One attempt's share of the audit."""
+
+    number: int
+    market: str
+    instance_type: str
+    zone: str
+    started_at: datetime | None
+    ended_at: datetime | None
+    end_reason: str | None
+    used_s: float
+    instance_usd: float
+    gained_steps: int
+    kept_steps: int
+    lost_steps: int
+    steps_per_hour: float | None
+    od_usd_per_hour: float | None
+    baseline_usd: float
+    overhead_s: float | None
+    stall_s: float | None
+    wait_before_s: float | None
+
+
+@dataclass
+class WasteLine:
+    """Time and money lost to one cause (None = not measured)."""
+
+    hours: float | None = 0.0
+    usd: float | None = 0.0
+
+    def add(self, hours: float | None, usd: float | None) -> None:
+        """Accumulate; an unmeasured part leaves the line's known parts alone."""
+        if hours is not None:
+            self.hours = (self.hours or 0.0) + hours
+        if usd is not None:
+            self.usd = (self.usd or 0.0) + usd
+
+
+@dataclass
+class JobAudit:
+    """Per-job audit figures."""
+
+    id: str
+    name: str
+    state: str
+    spot_usd: float = 0.0
+    on_demand_usd: float = 0.0
+    volume_usd: float = 0.0
+    storage_usd: float = 0.0
+    other_usd: float = 0.0
+    actual_usd: float = 0.0
+    baseline_on_demand_usd: float = 0.0
+    baseline_reference_usd: float | None = None
+    reference_instance: str | None = None
+    saved_usd: float = 0.0
+    saved_fraction: float | None = None
+    preemptions: int = 0
+    kept_steps: int = 0
+    ledger_rows: int = 0
+    hindsight_regret_usd: float | None = None
+    waste: dict[str, WasteLine] = field(default_factory=dict)
+    attempts: list[AttemptAudit] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    # (start, end, usd) pieces for the plot: spend accrues over each row's interval,
+    # the baseline over each attempt's.
+    spend_spans: list[tuple[datetime, datetime, float]] = field(default_factory=list)
+    baseline_spans: list[tuple[datetime, datetime, float]] = field(default_factory=list)
+    reclaims: list[datetime] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        """The JSON view (`spotrun audit --json` element)."""
+        return {
+            "id": self.id, "name": self.name, "state": self.state,
+            "actual_usd": self.actual_usd, "spot_usd": self.spot_usd,
+            "on_demand_usd": self.on_demand_usd, "volume_usd": self.volume_usd,
+            "storage_usd": self.storage_usd, "other_usd": self.other_usd,
+            "baseline_on_demand_usd": self.baseline_on_demand_usd,
+            "baseline_reference_usd": self.baseline_reference_usd,
+            "reference_instance": self.reference_instance,
+            "saved_usd": self.saved_usd, "saved_fraction": self.saved_fraction,
+            "preemptions": self.preemptions, "kept_steps": self.kept_steps,
+            "ledger_rows": self.ledger_rows, "hindsight_regret_usd": self.hindsight_regret_usd,
+            "waste": {k: {"hours": w.hours, "usd": w.usd} for k, w in self.waste.items()},
+            "attempts": [vars(a).copy() for a in self.attempts],
+            "notes": list(self.notes),
+        }
+
+
+def audit_jobs(s: Session, refs: list[str] | None = None, *, since: datetime | None = None,
+               until: datetime | None = None, od_price: OdPrice,
+               checkpoint_step: CheckpointStep | None = None) -> list[JobAudit]:
+    """Audit the named jobs (all jobs when refs is empty), in the order given / created."""
+    if refs:
+        jobs = []
+        for ref in refs:
+            job = find_job(s, ref)
+            if job is None:
+                raise NotFoundError("no such job", field="JOB", value=ref,
+                                    hint="see `spotrun status`")
+            jobs.append(job)
+    else:
+        jobs = list(iter_jobs(s))
+    return [audit_job(s, j, since=since, until=until, od_price=od_price,
+                      checkpoint_step=checkpoint_step) for j in jobs]
+
+
+def audit_job(s: Session, job: Job, *, since: datetime | None = None,
+              until: datetime | None = None, od_price: OdPrice,
+              checkpoint_step: CheckpointStep | None = None) -> JobAudit:
+    """Every figure for one job."""
+    out = JobAudit(id=job.id, name=job.name, state=job.state.value)
+    rows = [r for r in s.exec(select(SpendEntry).where(SpendEntry.job_id == job.id)
+                              .order_by(SpendEntry.end, SpendEntry.id))
+            if _in_window(r.start, since, until)]
+    _actuals(out, rows)
+    all_atts = attempts_of(s, job.id)
+    atts = [a for a in all_atts if a.started_at is None or _in_window(a.started_at, since, until)]
+    usd_by_attempt: dict[int, float] = defaultdict(float)
+    booked_end: dict[int, datetime] = {}
+    for r in rows:
+        if r.attempt_id is not None and r.kind in SpendKind.instance_kinds():
+            usd_by_attempt[r.attempt_id] += r.usd
+            if r.kind == SpendKind.COMPUTE.value:
+                booked_end[r.attempt_id] = max(r.end, booked_end.get(r.attempt_id, r.end))
+    ckpt = checkpoint_step(job) if checkpoint_step else None
+    _attempts(out, job, all_atts, atts, usd_by_attempt, booked_end, od_price, ckpt)
+    _reference(out, job, od_price)
+    out.saved_usd = out.baseline_on_demand_usd - out.actual_usd
+    out.saved_fraction = (out.saved_usd / out.baseline_on_demand_usd
+                          if out.baseline_on_demand_usd > 0 else None)
+    out.hindsight_regret_usd = hindsight_regret_usd(s, job, out.actual_usd)
+    return out
+
+
+def _in_window(t: datetime, since: datetime | None, until: datetime | None) -> bool:
+    return (since is None or t >= since) and (until is None or t < until)
+
+
+def _actuals(out: JobAudit, rows: list[SpendEntry]) -> None:
+    for r in rows:
+        if r.kind in SpendKind.instance_kinds():
+            if r.market == Market.ON_DEMAND.value:
+                out.on_demand_usd += r.usd
+            else:
+                out.spot_usd += r.usd
+        elif r.kind == SpendKind.VOLUME.value:
+            out.volume_usd += r.usd
+        elif r.kind in (SpendKind.STORAGE.value, SpendKind.REQUESTS.value):
+            out.storage_usd += r.usd
+        else:
+            out.other_usd += r.usd
+        out.actual_usd += r.usd
+        out.spend_spans.append((r.start, r.end, r.usd))
+    out.ledger_rows = len(rows)
+
+
+def _attempts(out: JobAudit, job: Job, all_atts: list[Attempt], atts: list[Attempt],
+              usd_by_attempt: dict[int, float], booked_end: dict[int, datetime],
+              od_price: OdPrice, ckpt: int | None) -> None:
+    nxt = {a.id: all_atts[i + 1] if i + 1 < len(all_atts) else None
+           for i, a in enumerate(all_atts)}
+    prev = {a.id: all_atts[i - 1] if i > 0 else None for i, a in enumerate(all_atts)}
+    facts = []
+    for a in atts:
+        if a.started_at is None:
+            continue   # never ran: nothing billed, nothing gained
+        end = a.ended_at or booked_end.get(a.id)   # still running: as far as booked
+        used_s = seconds_between(a.started_at, end) if end else 0.0
+        n = nxt[a.id]
+        if n is not None:
+            end_step = n.start_step
+        elif job.state is JobState.SUCCEEDED:
+            end_step = max(a.last_step, job.last_step)
+        else:
+            end_step = ckpt if ckpt is not None else job.last_step
+        kept = max(end_step - a.start_step, 0)
+        gained = max(a.last_step - a.start_step, kept)
+        overhead = seconds_between(a.started_at, a.running_at) if a.running_at else None
+        p = prev[a.id]
+        wait = (seconds_between(p.ended_at, a.started_at)
+                if p is not None and p.ended_at is not None else None)
+        facts.append((a, end, used_s, gained, kept, overhead, wait))
+    rates = _rates(facts, out)
+    out.waste = {c: WasteLine() for c in WASTE_CAUSES}
+    for a, end, used_s, gained, kept, overhead, wait in facts:
+        rate = rates.get(a.instance_type)
+        od = od_price(a.instance_type)
+        base = kept / rate / 3600.0 * od if rate and od else 0.0
+        if kept and (rate is None or od is None):
+            missing = "speed" if rate is None else "on-demand price"
+            out.notes.append(f"attempt {a.number}: no {missing}"
+                             f" for {a.instance_type}; its baseline is left out")
+        inst_usd = usd_by_attempt.get(a.id, 0.0)
+        avg = inst_usd / used_s if used_s > 0 else 0.0     # USD per second actually paid
+        # Unsaved steps of an attempt still running are work in progress, not (yet) lost.
+        lost = 0 if a.ended_at is None else gained - kept
+        aa = AttemptAudit(
+            number=a.number, market=a.market.value, instance_type=a.instance_type, zone=a.zone,
+            started_at=a.started_at, ended_at=a.ended_at,
+            end_reason=a.end_reason.value if a.end_reason else None, used_s=used_s,
+            instance_usd=inst_usd, gained_steps=gained, kept_steps=kept, lost_steps=lost,
+            steps_per_hour=rate * 3600.0 if rate else None, od_usd_per_hour=od,
+            baseline_usd=base, overhead_s=overhead, stall_s=a.checkpoint_stall_s,
+            wait_before_s=wait)
+        out.attempts.append(aa)
+        out.baseline_on_demand_usd += base
+        out.kept_steps += kept
+        if a.end_reason is EndReason.RECLAIMED:
+            out.preemptions += 1
+            out.reclaims.append(a.ended_at or a.started_at)
+        if base and end is not None:
+            out.baseline_spans.append((a.started_at, end, base))
+        if lost and rate:
+            out.waste["lost_work"].add(lost / rate / 3600.0, lost / rate * avg)
+        if prev[a.id] is not None:   # the first boot is not a restart
+            out.waste["restart_overhead"].add(
+                None if overhead is None else overhead / 3600.0,
+                None if overhead is None else overhead * avg)
+        if wait is not None and wait > 0:
+            out.waste["waiting_for_capacity"].add(wait / 3600.0, 0.0)
+        if a.checkpoint_stall_s:
+            out.waste["checkpoint_stall"].add(a.checkpoint_stall_s / 3600.0,
+                                              a.checkpoint_stall_s * avg)
+    if any(prev[f[0].id] is not None and f[5] is None for f in facts):
+        out.notes.append("restart overhead not measured for some attempts (no running_at)")
+
+
+def _rates(facts: list, out: JobAudit) -> dict[str, float]:
+    """Measured steps per provider-second on each instance type, overhead excluded."""
+    by_type: dict[str, list] = defaultdict(list)
+    for f in facts:
+        by_type[f[0].instance_type].append(f)
+    rates: dict[str, float] = {}
+    for itype, fs in by_type.items():
+        known = [(g, used - (ov or 0.0) - (a.checkpoint_stall_s or 0.0))
+                 for a, _e, used, g, _k, ov, _w in fs if ov is not None and g > 0]
+        steps = sum(g for g, _ in known)
+        secs = sum(max(p, 0.0) for _, p in known)
+        if steps > 0 and secs > 0:
+            rates[itype] = steps / secs
+            continue
+        # Without a measured start of training, the best attempt's overall rate is the
+        # fastest (least overhead-diluted) figure: it keeps the baseline on the low side.
+        best = [g / used for _a, _e, used, g, _k, _o, _w in fs if g > 0 and used > 0]
+        if best:
+            rates[itype] = max(best)
+            out.notes.append(f"{itype}: speed from the fastest attempt (training start unknown)")
+    return rates
+
+
+def _reference(out: JobAudit, job: Job, od_price: OdPrice) -> None:
+    work = (job.spec.get("work") or {})
+    ref, hours = work.get("reference_instance"), work.get("reference_hours")
+    total = work.get("total_steps") or job.total_steps
+    out.reference_instance = ref
+    if ref and hours and total:
+        od = od_price(ref)
+        if od is not None:
+            out.baseline_reference_usd = min(out.kept_steps / total, 1.0) * hours * od

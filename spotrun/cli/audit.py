@@ -1,0 +1,93 @@
+"""`spotrun audit`: per-job actual spend, on-demand baseline, saving and waste.
+
+Reads the database only (ledger rows, attempts); never calls a cloud. Times in
+--since/--until compare with booked provider times (UTC).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from spotrun.audit import audit_jobs
+from spotrun.audit.render import TABLE_COLUMNS, cell, flat, to_csv, totals
+from spotrun.catalog import load_catalog
+from spotrun.cli.common import echo_json, get_settings
+from spotrun.db import open_db, session
+from spotrun.errors import BadInputError
+
+
+def _parse_time(value: str | None, name: str) -> datetime | None:
+    if value is None:
+        return None
+    try:
+        t = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        raise BadInputError("allowed: an ISO-8601 time such as 2030-01-31T12:00:00Z",
+                            field=name, value=value) from None
+    return t if t.tzinfo else t.replace(tzinfo=timezone.utc)
+
+
+def catalog_od_price(region: str):
+    """On-demand USD/h by instance type from the packaged catalog (None if unlisted)."""
+    cat = load_catalog("aws")
+
+    def price(instance_type: str) -> float | None:
+        t = cat.types.get(instance_type)
+        return t.on_demand_price(region) if t is not None else None
+    return price
+
+
+@click.command()
+@click.argument("jobs", nargs=-1)
+@click.option("--since", help="Only spend booked at or after this time (ISO-8601, UTC).")
+@click.option("--until", help="Only spend booked before this time (ISO-8601, UTC).")
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON list of jobs.")
+@click.option("--csv", "as_csv", is_flag=True, help="Print CSV: one row per job, then TOTAL.")
+@click.option("--plot", "plot_file", type=click.Path(dir_okay=False),
+              help="Write cumulative spend vs baseline with reclaims marked (PNG).")
+def audit(jobs: tuple[str, ...], since: str | None, until: str | None, as_json: bool,
+          as_csv: bool, plot_file: str | None) -> None:
+    """Actual spend against the on-demand baseline for JOBS (default: every job)."""
+    if as_json and as_csv:
+        raise BadInputError("give --json or --csv, not both", field="--csv")
+    t_since, t_until = _parse_time(since, "--since"), _parse_time(until, "--until")
+    if t_since and t_until and t_until <= t_since:
+        raise BadInputError("must be after --since", field="--until", value=until)
+    if plot_file and not plot_file.lower().endswith(".png"):
+        raise BadInputError("allowed: a file name ending in .png", field="--plot", value=plot_file)
+    settings = get_settings()
+    engine = open_db(settings.database_url)
+    with session(engine) as s:
+        result = audit_jobs(s, list(jobs), since=t_since, until=t_until,
+                            od_price=catalog_od_price(settings.region))
+    if plot_file:
+        from spotrun.audit.plot import plot_audit
+        plot_audit(result, plot_file)
+    if as_json:
+        echo_json([j.to_dict() for j in result])
+    elif as_csv:
+        click.echo(to_csv(result), nl=False)
+    else:
+        _table(result)
+        if plot_file:
+            click.echo(f"plot written to {plot_file}", err=True)
+
+
+def _table(result) -> None:
+    t = Table(title="spend audit (USD)")
+    for key, header in TABLE_COLUMNS:
+        t.add_column(header, justify="left" if key in ("id", "state") else "right")
+    for job in result:
+        row = flat(job)
+        t.add_row(*[cell(k, row.get(k)) for k, _ in TABLE_COLUMNS])
+    if len(result) != 1:
+        tot = totals(result)
+        t.add_row(*[cell(k, tot.get(k)) for k, _ in TABLE_COLUMNS], style="bold")
+    Console().print(t)
+    notes = [f"{j.id}: {n}" for j in result for n in j.notes]
+    for n in notes:
+        click.echo(f"note: {n}")

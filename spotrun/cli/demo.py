@@ -1,0 +1,60 @@
+"""`spotrun demo`: train a small real PyTorch job through reclaims, end to end."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+from rich.console import Console
+
+from spotrun.cli.common import get_settings
+
+
+@click.command()
+@click.option("--time-scale", type=float, default=None,
+              help="Market seconds per wall second (default: the demo's tuned value).")
+@click.option("--start-tick", type=int, default=None, help="Trace tick the market starts at.")
+@click.option("--timeout-s", type=float, default=300.0, show_default=True,
+              help="Give up (exit 1) after this many wall seconds.")
+@click.option("--spec", "spec_path", type=click.Path(dir_okay=False), default=None,
+              help="Job spec to run instead of configs/demo/job.yaml.")
+def demo(time_scale: float | None, start_tick: int | None, timeout_s: float,
+         spec_path: str | None) -> None:
+    """Train a small real PyTorch model on the local provider, through >= 2 reclaims.
+
+    Uses $SPOTRUN_HOME (`make demo` sets .demo/), which it resets first; afterwards
+    `spotrun status --json` and `spotrun audit --json` read the finished job.
+    """
+    from spotrun import demo as d
+
+    settings = get_settings()
+    home = settings.home_path
+    settings = d.prepare_home(home, time_scale=time_scale or d.DEFAULT_TIME_SCALE,
+                              start_tick=d.DEFAULT_START_TICK if start_tick is None else start_tick)
+    spec = Path(spec_path) if spec_path else d.DEMO_DIR / "job.yaml"
+    console = Console()
+    console.print(f"[bold]spotrun demo[/bold]  home {home}  market x{settings.local.time_scale:g}"
+                  f" from tick {settings.local.start_tick}")
+    with console.status("starting") as status:
+        def update(snap: dict) -> None:
+            total = snap["total"] or "?"
+            status.update(f"{snap['state']:<11} step {snap['step']}/{total}  attempt "
+                          f"{snap['attempts']} ({snap['attempt_state']}, {snap['pool']})  "
+                          f"reclaims {snap['reclaims']}  spend ${snap['spend_usd']:.2f}")
+        try:
+            result = d.run_demo(settings, spec_path=spec, timeout_s=timeout_s, on_update=update)
+        finally:
+            d.stop_market(home)
+    console.print(f"job {result.job_id} {result.state} after {result.attempts} attempt(s), "
+                  f"{result.reclaims} reclaim(s), {result.wall_s:.0f} s")
+    from spotrun.cli.jobs import status as status_cmd
+    ctx = click.get_current_context()
+    ctx.invoke(status_cmd, job_ref=result.job_id, show_events=False, as_json=False)
+    try:
+        from spotrun.cli.audit import audit as audit_cmd
+    except ImportError:
+        audit_cmd = None
+    if audit_cmd is not None:
+        ctx.invoke(audit_cmd, jobs=(result.job_id,))
+    if result.state != "succeeded":
+        raise SystemExit(1)

@@ -1,0 +1,173 @@
+"""`spotrun simulate`: replay a spot trace under scheduling policies (BRIEF section 4)."""
+
+from __future__ import annotations
+
+import csv
+import math
+import os
+import time
+from pathlib import Path
+
+import click
+
+from spotrun.cli.common import echo_json, json_option
+from spotrun.errors import BadInputError
+from spotrun.policy import ALL_POLICY_NAMES, Mode
+from spotrun.simulate.model import SimModel, build_model, pick_starts
+from spotrun.simulate.runner import SimResult, run_policies
+from spotrun.traces import load_prices, load_trace
+
+
+def _number(flag: str, text: str | None, *, required: bool = False,
+            default: float | None = None) -> float | None:
+    """Parse a float flag; BadInputError names the flag."""
+    if text is None:
+        if required:
+            raise BadInputError("required", field=flag)
+        return default
+    try:
+        value = float(text)
+    except ValueError:
+        raise BadInputError("must be a number", field=flag, value=text) from None
+    if not math.isfinite(value):
+        raise BadInputError("must be a finite number", field=flag, value=text)
+    return value
+
+
+def _integer(flag: str, text: str | None) -> int | None:
+    """Parse an integer flag; BadInputError names the flag."""
+    if text is None:
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        raise BadInputError("must be an integer", field=flag, value=text) from None
+
+
+def _check_output(path: str | None) -> Path | None:
+    if path is None:
+        return None
+    p = Path(path)
+    if p.is_dir() or not p.parent.is_dir() or not os.access(p.parent, os.W_OK):
+        raise BadInputError("must be a file in an existing, writable directory",
+                            field="--decisions", value=path)
+    return p
+
+
+def write_decisions(path: Path, result: SimResult) -> int:
+    """Write run,policy,tick,mode,pool rows (one per tick each run was active); row count."""
+    model = result.model
+    n = 0
+    with path.open("w", newline="", encoding="utf-8") as fh:
+        w = csv.writer(fh)
+        w.writerow(["run", "policy", "tick", "mode", "pool"])
+        for name, runs in result.runs.items():
+            for run, (row, decisions) in enumerate(zip(result.start_rows, runs.decisions or [])):
+                for tau, d in enumerate(decisions):
+                    w.writerow([run, name, int(model.tick_values[row + tau]), d.mode.value,
+                                d.pool if d.mode is Mode.SPOT else ""])
+                    n += 1
+    return n
+
+
+def _model_info(model: SimModel, result: SimResult) -> dict:
+    return {"pools": model.pools, "tick_s": model.tick_s, "work_ticks": model.work_ticks,
+            "deadline_ticks": model.deadline_ticks, "changeover_ticks": model.changeover_ticks,
+            "od_price_usd_per_hour": model.history.od_price_usd_per_hour,
+            "on_demand_cost_usd": round(model.on_demand_cost_usd(), 4),
+            "starts": [int(model.tick_values[r]) for r in result.start_rows]}
+
+
+def _print_table(model: SimModel, summary: dict, elapsed_s: float) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    runs = next(iter(summary.values()))["runs"]
+    table = Table(title=f"{runs} runs on {', '.join(model.pools)}")
+    for col in ("policy", "runs", "mean cost USD", "vs on-demand", "vs optimal",
+                "deadlines met"):
+        table.add_column(col, justify="left" if col == "policy" else "right", no_wrap=True)
+    for name, s in summary.items():
+        vs_opt = s["mean_cost_vs_optimal"]
+        table.add_row(name, str(s["runs"]), f"{s['mean_cost_usd']:.2f}",
+                      f"{s['mean_cost_vs_on_demand']:.3f}",
+                      "-" if vs_opt is None else f"{vs_opt:.3f}",
+                      f"{s['deadline_met_fraction']:.0%}")
+    console = Console()
+    console.print(table)
+    console.print(f"tick {model.tick_s:g} s; work {model.work_ticks}, deadline "
+                  f"{model.deadline_ticks}, changeover {model.changeover_ticks} ticks; "
+                  f"{elapsed_s:.1f} s")
+
+
+@click.command(help="What-if: replay a spot trace under scheduling policies.")
+@click.option("--trace", "trace_path", metavar="CSV", help="Availability trace (tick, time, pools).")
+@click.option("--pool", "pools", multiple=True, metavar="COL",
+              help="Trace column the job may use (repeat; default: all).")
+@click.option("--prices", "prices_path", metavar="CSV", help="Spot price change points.")
+@click.option("--spot-price", metavar="USD", help="Spot price per hour (no price file, or fallback).")
+@click.option("--od-price", metavar="USD", help="On-demand price per hour.")
+@click.option("--work-hours", metavar="W", help="Productive hours the job needs.")
+@click.option("--deadline-hours", metavar="D", help="Hours from start to deadline.")
+@click.option("--changeover-hours", metavar="H", help="Paid, unproductive time per launch [0.2].")
+@click.option("--policy", "policies", multiple=True, metavar="NAME",
+              help=f"Policy to run (repeat; default all: {', '.join(ALL_POLICY_NAMES)}).")
+@click.option("--starts", metavar="N", help="Random starts (seeded) [100].")
+@click.option("--seed", metavar="S", help="Seed for the starts [0].")
+@click.option("--t0", "t0", multiple=True, metavar="TICK", help="Start at this trace tick (repeat).")
+@click.option("--nodes", metavar="N", help="Instances the job needs at once [1].")
+@click.option("--workers", metavar="N", help="Processes to use [min(2, CPUs)].")
+@click.option("--decisions", "decisions_path", metavar="FILE.csv",
+              help="Write run,policy,tick,mode,pool rows.")
+@json_option
+def simulate(trace_path, pools, prices_path, spot_price, od_price, work_hours, deadline_hours,
+             changeover_hours, policies, starts, seed, t0, nodes, workers, decisions_path,
+             as_json) -> None:
+    """Run the policies on the same starts and print mean costs and ratios."""
+    if not trace_path:
+        raise BadInputError("required", field="--trace")
+    od = _number("--od-price", od_price, required=True)
+    work = _number("--work-hours", work_hours, required=True)
+    deadline = _number("--deadline-hours", deadline_hours, required=True)
+    changeover = _number("--changeover-hours", changeover_hours, default=0.2)
+    spot = _number("--spot-price", spot_price)
+    n_starts = _integer("--starts", starts)
+    seed_v = _integer("--seed", seed) or 0
+    nodes_v = _integer("--nodes", nodes) or 1
+    workers_v = _integer("--workers", workers)
+    workers_v = min(2, os.cpu_count() or 1) if workers_v is None else workers_v
+    if workers_v < 1:
+        raise BadInputError("must be >= 1", field="--workers", value=workers_v)
+    t0_ticks = [_integer("--t0", x) for x in t0]
+    if t0_ticks and n_starts is not None:
+        raise BadInputError("give --t0 or --starts, not both", field="--t0")
+    names = list(dict.fromkeys(policies)) or list(ALL_POLICY_NAMES)
+    for name in names:
+        if name not in ALL_POLICY_NAMES:
+            raise BadInputError(f"unknown policy {name!r}; allowed: {', '.join(ALL_POLICY_NAMES)}",
+                                field="--policy", value=name)
+    out_path = _check_output(decisions_path)
+    trace = load_trace(trace_path)
+    if pools:
+        if len(set(pools)) != len(pools):
+            raise BadInputError("a pool is given twice", field="--pool", value=list(pools))
+        unknown = [p for p in pools if p not in trace.pools]
+        if unknown:
+            raise BadInputError(f"unknown pool {unknown[0]!r}; allowed: {', '.join(trace.pools)}",
+                                field="--pool", value=unknown[0])
+        trace = trace.select(list(pools))
+    prices = load_prices(prices_path) if prices_path else None
+    model = build_model(trace, prices, spot_price_usd_per_hour=spot, od_price_usd_per_hour=od,
+                        work_hours=work, deadline_hours=deadline, changeover_hours=changeover,
+                        nodes=nodes_v)
+    rows = pick_starts(model, starts=n_starts, seed=seed_v, t0=t0_ticks or None)
+    began = time.monotonic()
+    result = run_policies(model, rows, names, workers=workers_v, record=out_path is not None)
+    elapsed = time.monotonic() - began
+    if out_path is not None:
+        write_decisions(out_path, result)
+    summary = result.summary()
+    if as_json:
+        echo_json({"policies": summary, "model": _model_info(model, result)})
+    else:
+        _print_table(model, summary, elapsed)

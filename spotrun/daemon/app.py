@@ -1,0 +1,68 @@
+"""Assemble a daemon: context, loops and runner."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from typing import Any
+
+import structlog
+
+from spotrun.config import Settings
+from spotrun.daemon.context import Clock, DaemonContext, SystemClock
+from spotrun.daemon.heartbeats import HeartbeatLoop, LivenessLoop
+from spotrun.daemon.reconcile import ReconcileLoop
+from spotrun.daemon.runner import Runner, Scheduled
+from spotrun.daemon.scheduler import SchedulerLoop
+from spotrun.db import open_db
+from spotrun.providers import make_provider
+from spotrun.providers.base import Provider
+from spotrun.store import open_store
+from spotrun.store.base import ObjectStore
+
+
+def configure_logging(level: int = logging.INFO, stream: Any = None) -> None:
+    """structlog JSON lines on stdout (journald picks them up)."""
+    structlog.configure(
+        processors=[structlog.processors.add_log_level,
+                    structlog.processors.TimeStamper(fmt="iso", utc=True),
+                    structlog.processors.format_exc_info,
+                    structlog.processors.JSONRenderer()],
+        wrapper_class=structlog.make_filtering_bound_logger(level),
+        logger_factory=structlog.PrintLoggerFactory(file=stream or sys.stdout),
+        cache_logger_on_first_use=False)
+
+
+def build_context(settings: Settings, *, provider: Provider | None = None,
+                  store: ObjectStore | None = None, clock: Clock | None = None) -> DaemonContext:
+    """The daemon's shared handles from settings (anything passed in wins)."""
+    engine = open_db(settings.database_url)
+    return DaemonContext(engine=engine, settings=settings,
+                         provider=provider or make_provider(settings),
+                         store=store or open_store(settings.store_url),
+                         clock=clock or SystemClock())
+
+
+def build_loops(ctx: DaemonContext) -> list[Scheduled]:
+    """Every loop of the daemon with its interval."""
+    d = ctx.settings.daemon
+    loops = [Scheduled(LivenessLoop(ctx), d.liveness_interval_s),
+             Scheduled(SchedulerLoop(ctx), d.schedule_interval_s),
+             Scheduled(ReconcileLoop(ctx), d.reconcile_interval_s),
+             Scheduled(HeartbeatLoop(ctx), d.heartbeat_interval_s)]
+    try:
+        from spotrun.daemon.spend import SpendLoop
+    except ImportError:
+        SpendLoop = None  # noqa: N806
+    if SpendLoop is not None:
+        aws = getattr(ctx.settings, "aws", None)
+        volume_gb = float(getattr(aws, "volume_size_gb", 0.0) or 0.0) \
+            if ctx.provider.name == "aws" else 0.0
+        loops.append(Scheduled(SpendLoop(ctx.engine, ctx.provider, volume_gb=volume_gb),
+                               d.spend_interval_s))
+    return loops
+
+
+def build_runner(ctx: DaemonContext) -> Runner:
+    """A runner over every loop."""
+    return Runner(build_loops(ctx), clock=ctx.clock)

@@ -1,0 +1,49 @@
+"""What every daemon loop is given: database, provider, store, settings, clock."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Protocol
+
+import structlog
+from sqlalchemy.engine import Engine
+
+from spotrun.config import Settings
+from spotrun.providers.base import Provider
+from spotrun.store.base import ObjectStore
+
+
+class Clock(Protocol):
+    """Wall clock, injectable in tests."""
+
+    def now(self) -> datetime:
+        """The current UTC time."""
+
+
+class SystemClock:
+    """The real wall clock."""
+
+    def now(self) -> datetime:
+        """The current UTC time."""
+        return datetime.now(timezone.utc)
+
+
+@dataclass
+class DaemonContext:
+    """Shared handles of one daemon."""
+
+    engine: Engine
+    settings: Settings
+    provider: Provider
+    store: ObjectStore                      # the daemon's store (bundles, logs, heartbeats)
+    clock: Clock = field(default_factory=SystemClock)
+    log: structlog.stdlib.BoundLogger = field(
+        default_factory=lambda: structlog.get_logger("spotrun.daemon"))
+
+    def store_for(self, uri: str) -> ObjectStore:
+        """The store of a job (normally the daemon's own)."""
+        if uri.rstrip("/") == self.store.uri.rstrip("/"):
+            return self.store
+        from spotrun.store import open_store
+        return open_store(uri)

@@ -1,0 +1,244 @@
+"""Reconcile loop: make the database agree with the provider and the agents' reports.
+
+An attempt ends when its instance is gone; why it ended comes from the agent's
+exit report if there is one, else from the provider's termination cause.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+
+from sqlmodel import select
+
+from spotrun import layout
+from spotrun.daemon.context import DaemonContext
+from spotrun.db import Attempt, Job, add_event, attempts_of, session
+from spotrun.errors import ObjectNotFound, StoreError
+from spotrun.providers.base import InstanceInfo
+from spotrun.spec import spec_from_dict
+from spotrun.states import AttemptState, EndReason, InstanceState, JobState, TerminationCause
+
+STOP_GRACE_S = 10.0
+LIVE = (AttemptState.LAUNCHING, AttemptState.RUNNING, AttemptState.TERMINATING)
+_EXIT_REASONS = {"completed": EndReason.COMPLETED, "error": EndReason.ERROR,
+                 "cancelled": EndReason.CANCELLED, "deadman": EndReason.DEADMAN,
+                 "signal": EndReason.LOST, "budget": EndReason.BUDGET}
+
+
+class ReconcileLoop:
+    """Each tick: follow instance states, end attempts, move jobs on, carry out cancels."""
+
+    name = "reconcile"
+
+    def __init__(self, ctx: DaemonContext) -> None:
+        self.ctx = ctx
+
+    def tick(self, now: datetime) -> None:
+        """One reconcile pass."""
+        with session(self.ctx.engine) as s:
+            live = list(s.exec(select(Attempt).where(Attempt.state.in_(LIVE),
+                                                     Attempt.instance_id.is_not(None))))
+        infos = {}
+        if live:
+            ids = [a.instance_id for a in live]
+            infos = {i.instance_id: i for i in self.ctx.provider.describe(instance_ids=ids)}
+        for att in live:
+            info = infos.get(att.instance_id)
+            if info is None:
+                continue  # not visible yet (eventual consistency); the next tick looks again
+            if info.state.is_terminal():
+                self._ended(att, info, now)
+            elif att.state is AttemptState.LAUNCHING and info.state is InstanceState.RUNNING:
+                self._running(att, info, now)
+        self._cancels(now)
+        self._budget_stops(now)
+        self._settle_jobs(now)
+
+    def _running(self, att: Attempt, info: InstanceInfo, now: datetime) -> None:
+        with session(self.ctx.engine) as s:
+            a = s.get(Attempt, att.id)
+            a.state = AttemptState.RUNNING
+            s.add(a)
+            job = s.get(Job, a.job_id)
+            if job.state in (JobState.STARTING, JobState.QUEUED, JobState.RECOVERING):
+                job.state = JobState.RUNNING
+                job.updated_at = now
+                s.add(job)
+            add_event(s, a.job_id, "running", f"attempt {a.number} on {info.instance_id}",
+                      attempt_id=a.id)
+            s.commit()
+
+    def _exit_report(self, job: Job, att: Attempt) -> dict | None:
+        try:
+            raw = self.ctx.store_for(job.store_uri).get_bytes(
+                layout.exit_key(job.id, att.number))
+            return json.loads(raw)
+        except (ObjectNotFound, StoreError, ValueError):
+            return None
+
+    def _ended(self, att: Attempt, info: InstanceInfo, now: datetime) -> None:
+        with session(self.ctx.engine) as s:
+            job = s.get(Job, att.job_id)
+        report = self._exit_report(job, att)
+        if info.cause is TerminationCause.SPOT_RECLAIM:
+            reason, detail = EndReason.RECLAIMED, "spot instance reclaimed by the provider"
+        elif report is not None:
+            reason = _EXIT_REASONS.get(report.get("reason", ""), EndReason.ERROR)
+            detail = f"exit code {report.get('exit_code')}"
+            if report.get("message"):
+                detail += f": {report['message']}"
+        elif att.state is AttemptState.TERMINATING:
+            reason = EndReason.CANCELLED if job.cancel_requested else (att.end_reason or
+                                                                       EndReason.LOST)
+            detail = att.detail or "terminated by spotrun"
+        else:
+            reason, detail = EndReason.LOST, f"instance ended ({info.cause.value if info.cause else 'unknown'}) without a report"
+        with session(self.ctx.engine) as s:
+            a = s.get(Attempt, att.id)
+            if a.state is AttemptState.TERMINATING and a.end_reason is not None \
+                    and reason is EndReason.LOST:
+                reason = a.end_reason
+            a.state = AttemptState.ENDED
+            a.end_reason = reason
+            a.ended_at = info.ended_at or self.ctx.provider.now()
+            a.detail = detail
+            if report and isinstance(report.get("step"), int):
+                a.last_step = max(a.last_step, report["step"])
+            s.add(a)
+            add_event(s, a.job_id, f"attempt_{reason.value}", f"attempt {a.number}: {detail}",
+                      attempt_id=a.id)
+            j = s.get(Job, a.job_id)
+            self._advance_job(s, j, a, reason, now)
+            s.commit()
+
+    def _advance_job(self, s, job: Job, att: Attempt, reason: EndReason, now: datetime) -> None:
+        if job.state.is_terminal():
+            return
+        job.updated_at = now
+        if job.cancel_requested or reason is EndReason.CANCELLED:
+            return  # _settle_jobs finishes the cancel once every instance is gone
+        if reason is EndReason.COMPLETED:
+            job.last_step = max(job.last_step, att.last_step)
+            job.state = JobState.SUCCEEDED
+            add_event(s, job.id, "succeeded", f"after {att.number} attempt(s)")
+        elif reason is EndReason.BUDGET:
+            job.state = JobState.BUDGET_EXHAUSTED
+            job.reason = "budget reached"
+            add_event(s, job.id, "budget_exhausted", job.reason)
+        elif reason is EndReason.ERROR:
+            job.error_restarts += 1
+            limit = spec_from_dict(job.spec).policy.max_restarts_on_error
+            if job.error_restarts > limit:
+                job.state = JobState.FAILED
+                job.reason = f"command failed {job.error_restarts} time(s): {att.detail}"
+                add_event(s, job.id, "failed", job.reason)
+            else:
+                job.state = JobState.RECOVERING
+                add_event(s, job.id, "recovering",
+                          f"error restart {job.error_restarts}/{limit}")
+        else:
+            job.state = JobState.RECOVERING
+            add_event(s, job.id, "recovering", f"after {reason.value}")
+        s.add(job)
+
+    def _cancels(self, now: datetime) -> None:
+        with session(self.ctx.engine) as s:
+            jobs = list(s.exec(select(Job).where(Job.cancel_requested == True)))  # noqa: E712
+        for job in jobs:
+            if job.state.is_terminal():
+                continue
+            store = self.ctx.store_for(job.store_uri)
+            try:
+                store.put_bytes(layout.control_key(job.id), b'{"cancel": true}')
+            except StoreError as exc:
+                self.ctx.log.warning("cancel_control_write_failed", job=job.id, error=str(exc))
+            with session(self.ctx.engine) as s:
+                for a in attempts_of(s, job.id):
+                    if a.state.is_terminal():
+                        continue
+                    if a.instance_id:
+                        self.ctx.provider.terminate(a.instance_id)
+                        if a.state is not AttemptState.TERMINATING:
+                            a.state = AttemptState.TERMINATING
+                            a.end_reason = EndReason.CANCELLED
+                            a.detail = "cancelled by user"
+                            s.add(a)
+                    # An intent without an instance id is finished by the scheduler first,
+                    # then terminated here on a later tick.
+                j = s.get(Job, job.id)
+                if j.state is not JobState.CANCELLING:
+                    j.state = JobState.CANCELLING
+                    j.updated_at = now
+                    s.add(j)
+                    add_event(s, j.id, "cancelling")
+                s.commit()
+
+    def _budget_stops(self, now: datetime) -> None:
+        """Jobs the spend loop flagged: checkpoint and stop, then budget_exhausted."""
+        with session(self.ctx.engine) as s:
+            jobs = list(s.exec(select(Job).where(Job.budget_stop_requested == True,  # noqa: E712
+                                                 Job.cancel_requested == False)))  # noqa: E712
+        for job in jobs:
+            if job.state.is_terminal():
+                continue
+            with session(self.ctx.engine) as s:
+                live = [a for a in attempts_of(s, job.id) if not a.state.is_terminal()]
+                j = s.get(Job, job.id)
+                if not live:
+                    j.state = JobState.BUDGET_EXHAUSTED
+                    j.reason = "budget reached"
+                    j.updated_at = now
+                    s.add(j)
+                    add_event(s, j.id, "budget_exhausted", j.reason)
+                    s.commit()
+                    continue
+            try:
+                self.ctx.store_for(job.store_uri).put_bytes(
+                    layout.control_key(job.id),
+                    b'{"checkpoint_and_stop": true, "reason": "budget"}')
+            except StoreError as exc:
+                self.ctx.log.warning("budget_control_write_failed", job=job.id, error=str(exc))
+            # The agent saves, then stops the job within its grace; after that we terminate.
+            grace_s = 2 * STOP_GRACE_S
+            for a in live:
+                if a.state is AttemptState.TERMINATING or a.instance_id is None:
+                    continue
+                if a.stop_requested_at is None:
+                    with session(self.ctx.engine) as s:
+                        row = s.get(Attempt, a.id)
+                        row.end_reason = EndReason.BUDGET
+                        row.stop_requested_at = now
+                        s.add(row)
+                        add_event(s, job.id, "budget_stop", f"attempt {a.number}: checkpoint "
+                                  "and stop", attempt_id=a.id)
+                        s.commit()
+                elif (now - a.stop_requested_at).total_seconds() > grace_s:
+                    terminate_attempt(self.ctx, a, EndReason.BUDGET, "budget stop: terminated")
+
+    def _settle_jobs(self, now: datetime) -> None:
+        with session(self.ctx.engine) as s:
+            jobs = list(s.exec(select(Job).where(Job.state == JobState.CANCELLING)))
+            for job in jobs:
+                if all(a.state.is_terminal() for a in attempts_of(s, job.id)):
+                    job.state = JobState.CANCELLED
+                    job.updated_at = now
+                    s.add(job)
+                    add_event(s, job.id, "cancelled")
+            s.commit()
+
+
+def terminate_attempt(ctx: DaemonContext, att: Attempt, reason: EndReason, detail: str) -> None:
+    """Ask the provider to end an attempt's instance and remember why (used by other loops)."""
+    if att.instance_id:
+        ctx.provider.terminate(att.instance_id)
+    with session(ctx.engine) as s:
+        a = s.get(Attempt, att.id)
+        if a.state.is_terminal():
+            return
+        a.state = AttemptState.TERMINATING
+        a.end_reason = reason
+        a.detail = detail
+        s.add(a)
+        add_event(s, a.job_id, "terminating", f"attempt {a.number}: {detail}", attempt_id=a.id)
+        s.commit()

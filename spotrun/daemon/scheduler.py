@@ -1,0 +1,243 @@
+"""Scheduling loop: launch an attempt for every job that needs an instance.
+
+Crash safety: the attempt row (with its client token) is committed before the
+launch call, so a daemon killed mid-launch re-issues the same token on restart
+and the provider returns the instance it already started instead of a second one.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+from datetime import datetime, timedelta
+
+from sqlmodel import select
+
+
+from spotrun.agent.config import AgentConfig
+from spotrun.daemon.choose import Choice, choose
+from spotrun.daemon.context import DaemonContext
+from spotrun.db import Attempt, Job, add_event, attempts_of, session
+from spotrun.errors import CapacityError, ProviderError, StoreError
+from spotrun.providers.base import TAG_ATTEMPT, TAG_JOB, TAG_MANAGED, LaunchRequest, Pool
+from spotrun.spec import spec_from_dict
+from spotrun.states import AttemptState, EndReason, JobState, Market
+
+NEEDS_LAUNCH = (JobState.QUEUED, JobState.RECOVERING)
+RETRY_AFTER_NO_CAPACITY_S = 2.0
+MAX_CANDIDATES = 8   # pools offered per launch; the next launch re-ranks anyway
+
+
+class SchedulerLoop:
+    """Each tick: finish launches left half-done, then launch for jobs without an instance."""
+
+    name = "schedule"
+
+    def __init__(self, ctx: DaemonContext) -> None:
+        self.ctx = ctx
+        self._no_capacity_until: dict[str, datetime] = {}
+
+    def tick(self, now: datetime) -> None:
+        """One scheduling pass."""
+        self._finish_pending_launches()
+        with session(self.ctx.engine) as s:
+            jobs = list(s.exec(select(Job).where(Job.state.in_(NEEDS_LAUNCH))))
+        for job in jobs:
+            if job.cancel_requested or job.budget_stop_requested:
+                continue
+            if self._no_capacity_until.get(job.id, now) > now:
+                continue
+            self._launch_for(job, now)
+
+    # ------------------------------------------------------------ launching
+
+    def _launch_for(self, job: Job, now: datetime) -> None:
+        spec = spec_from_dict(job.spec)
+        with session(self.ctx.engine) as s:
+            attempts = attempts_of(s, job.id)
+        if any(not a.state.is_terminal() for a in attempts):
+            return
+        choices = choose(spec, self.ctx.provider, self.ctx.settings, self.ctx.engine,
+                         job_id=job.id, steps_done=job.last_step,
+                         allow_on_demand=spec.policy.deadline is not None)
+        if not choices:
+            self._wait(job, now, "no pool available now; waiting for capacity")
+            return
+        pools = [c.pool for c in choices[:MAX_CANDIDATES]]
+        if not self._budget_allows(job, choices[0], now):
+            return
+        number = (attempts[-1].number + 1) if attempts else 1
+        start_step = self._checkpointed_step(job)
+        first = pools[0]
+        price = self._price(first)
+        attempt = Attempt(job_id=job.id, number=number, state=AttemptState.LAUNCHING,
+                          market=first.market, instance_type=first.instance_type, zone=first.zone,
+                          price_usd_per_hour=price, start_step=start_step,
+                          client_token=f"{job.id}-a{number}-{secrets.token_hex(4)}",
+                          gpus=choices[0].candidate.gpus,
+                          checkpoint_interval_s=choices[0].candidate.checkpoint_interval_s,
+                          detail=json.dumps([p.key() for p in pools[:MAX_CANDIDATES]]))
+        with session(self.ctx.engine) as s:
+            s.add(attempt)
+            j = s.get(Job, job.id)
+            j.state = JobState.STARTING
+            j.last_step = start_step
+            j.updated_at = now
+            s.add(j)
+            s.flush()
+            add_event(s, job.id, "launch_intent", f"attempt {number}: {first.key()} "
+                      f"(+{len(pools) - 1} more)", attempt_id=attempt.id)
+            s.commit()
+        self._launch(job, attempt, pools, now)
+
+    def _finish_pending_launches(self) -> None:
+        with session(self.ctx.engine) as s:
+            pending = list(s.exec(select(Attempt).where(Attempt.state == AttemptState.LAUNCHING,
+                                                        Attempt.instance_id.is_(None))))
+        for att in pending:
+            with session(self.ctx.engine) as s:
+                job = s.get(Job, att.job_id)
+            if job.cancel_requested:
+                self._adopt_or_drop(job, att)
+                continue
+            pools = [Pool(*k.split("/")[:2], Market(k.split("/")[2]))
+                     for k in json.loads(att.detail or "[]")]
+            if not pools:
+                pools = [Pool(att.instance_type, att.zone, att.market)]
+            self._launch(job, att, pools, self.ctx.clock.now())
+
+    def _adopt_or_drop(self, job: Job, att: Attempt) -> None:
+        """A cancelled job's half-done launch: adopt the instance if it started, else drop it."""
+        found = [i for i in self.ctx.provider.describe(job_id=job.id)
+                 if i.tags.get(TAG_ATTEMPT) == str(att.number)
+                 or (i.client_token and i.client_token == att.client_token)]
+        with session(self.ctx.engine) as s:
+            a = s.get(Attempt, att.id)
+            if found:
+                a.instance_id = found[0].instance_id
+                a.started_at = found[0].launched_at
+                a.state = AttemptState.RUNNING  # the reconcile loop terminates it
+            else:
+                a.state = AttemptState.ENDED
+                a.end_reason = EndReason.CANCELLED
+                a.detail = "cancelled before launch"
+            s.add(a)
+            s.commit()
+
+    def _launch(self, job: Job, attempt: Attempt, pools: list[Pool], now: datetime) -> None:
+        request = LaunchRequest(
+            job_id=job.id, attempt_number=attempt.number, client_token=attempt.client_token,
+            candidates=tuple(pools), user_data=self.agent_config(job, attempt).to_json(),
+            tags={TAG_JOB: job.id, TAG_ATTEMPT: str(attempt.number), TAG_MANAGED: "true"},
+            max_price_usd_per_hour=spec_from_dict(job.spec).policy.max_price_usd_per_hour)
+        plan = self.ctx.provider.plan_launch(request)
+        try:
+            info = self.ctx.provider.launch(plan)
+        except CapacityError as exc:
+            self._end_attempt(attempt, EndReason.LAUNCH_FAILED, f"no capacity: {exc.message}")
+            self._wait(job, now, f"no capacity in {len(pools)} pool(s)")
+            return
+        except ProviderError as exc:
+            # Leave the intent in place: the next tick retries with the same client token.
+            self.ctx.log.warning("launch_failed_retrying", job=job.id, error=str(exc))
+            return
+        with session(self.ctx.engine) as s:
+            a = s.get(Attempt, attempt.id)
+            a.instance_id = info.instance_id
+            a.instance_type = info.instance_type
+            a.zone = info.zone
+            a.market = info.market
+            if info.price_usd_per_hour is not None:
+                a.price_usd_per_hour = info.price_usd_per_hour
+            a.started_at = info.launched_at
+            s.add(a)
+            add_event(s, job.id, "launched", f"attempt {a.number}: {info.instance_id} "
+                      f"{info.instance_type} {info.zone} {info.market.value} "
+                      f"${a.price_usd_per_hour:.3f}/h", attempt_id=a.id)
+            s.commit()
+        self._no_capacity_until.pop(job.id, None)
+        self.ctx.log.info("launched", job=job.id, attempt=attempt.number,
+                          instance=info.instance_id, pool=f"{info.instance_type}/{info.zone}",
+                          market=info.market.value)
+
+    def _checkpointed_step(self, job: Job) -> int:
+        """The step the next attempt resumes from: the newest complete checkpoint's."""
+        from spotrun.checkpoints import latest_verified
+        try:
+            m = latest_verified(self.ctx.store_for(job.checkpoint_uri), deep=False)
+        except StoreError as exc:
+            self.ctx.log.warning("checkpoint_list_failed", job=job.id, error=str(exc))
+            return job.last_step
+        return m.step if m is not None else 0
+
+    def _budget_allows(self, job: Job, choice: Choice, now: datetime) -> bool:
+        """Refuse a launch the model expects to overrun the budget; stop the job instead."""
+        from spotrun.ledger.budget import budget_check, request_budget_stop
+        c = choice.candidate
+        # The next stretch: one checkpoint interval, or the whole remaining work if shorter.
+        hours = c.checkpoint_interval_s / 3600.0
+        if c.expected_hours is not None:
+            hours = min(hours, c.expected_hours)
+        with session(self.ctx.engine) as s:
+            j = s.get(Job, job.id)
+            decision = budget_check(s, j, now, max(hours, 60.0 / 3600.0) * c.price_usd_per_hour)
+            if decision.allowed:
+                return True
+            request_budget_stop(s, j, decision, now)
+            s.commit()
+        return False
+
+    def _end_attempt(self, attempt: Attempt, reason: EndReason, detail: str) -> None:
+        with session(self.ctx.engine) as s:
+            a = s.get(Attempt, attempt.id)
+            a.state = AttemptState.ENDED
+            a.end_reason = reason
+            a.detail = detail
+            s.add(a)
+            s.commit()
+
+    def _wait(self, job: Job, now: datetime, why: str) -> None:
+        first_wait = job.id not in self._no_capacity_until
+        self._no_capacity_until[job.id] = now + timedelta(seconds=RETRY_AFTER_NO_CAPACITY_S)
+        with session(self.ctx.engine) as s:
+            j = s.get(Job, job.id)
+            if j.state is JobState.STARTING:
+                j.state = JobState.RECOVERING if j.last_step or attempts_of(s, j.id) else \
+                    JobState.QUEUED
+                s.add(j)
+            if first_wait:
+                add_event(s, job.id, "waiting", why)
+            s.commit()
+
+    def _price(self, pool: Pool) -> float:
+        if pool.market is Market.ON_DEMAND:
+            return self.ctx.provider.on_demand_price(pool.instance_type)
+        price = self.ctx.provider.spot_price(pool.instance_type, pool.zone)
+        return price if price is not None else self.ctx.provider.on_demand_price(
+            pool.instance_type)
+
+    # ------------------------------------------------------------ agent config
+
+    def agent_config(self, job: Job, attempt: Attempt) -> AgentConfig:
+        """The user data for an attempt's instance."""
+        spec = spec_from_dict(job.spec)
+        st = self.ctx.settings
+        scale = st.local.time_scale if self.ctx.provider.name == "local" else 1.0
+        interval_s = None
+        if spec.checkpoint.interval_minutes is not None:
+            interval_s = spec.checkpoint.interval_minutes * 60.0 / scale
+        elif attempt.checkpoint_interval_s:
+            interval_s = attempt.checkpoint_interval_s / scale  # Young/Daly, from the model
+        return AgentConfig(
+            job_id=job.id, attempt=attempt.number, store_uri=job.store_uri,
+            checkpoint_uri=job.checkpoint_uri, command=spec.command, env=dict(spec.env),
+            secrets=dict(spec.secrets), bundle_key=job.bundle_key, gpus=attempt.gpus,
+            total_steps=spec.work.total_steps, checkpoint_interval_s=interval_s,
+            checkpoint_keep=spec.checkpoint.keep, time_scale=scale,
+            heartbeat_interval_s=st.agent.heartbeat_interval_s,
+            notice_poll_interval_s=st.agent.notice_poll_interval_s,
+            log_flush_interval_s=st.agent.log_flush_interval_s,
+            deadman_timeout_s=st.daemon.deadman_timeout_s, region=st.region)
+
+
+

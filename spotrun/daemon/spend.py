@@ -1,0 +1,214 @@
+"""The daemon's spend loop: book instance time and storage, and stop jobs before the budget.
+
+`tick(now)` is safe to run any number of times and to crash in: every attempt is
+booked in its own transaction together with its watermark. Booking uses the
+provider's clock (`provider.now()`, instance launch/end times); `now` is the wall
+time of the tick, recorded as `booked_at` and on events.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+import structlog
+from sqlalchemy import String, cast, literal, or_
+from sqlalchemy.engine import Engine
+from sqlalchemy.exc import IntegrityError, OperationalError
+from sqlmodel import select
+
+from spotrun.db import Attempt, Job, LedgerMark, SpendEntry, attempts_of, session, utcnow
+from spotrun.errors import SpotrunError
+from spotrun.ledger.booking import BookingConflict, book_attempt, instance_times
+from spotrun.ledger.budget import budget_check, job_budget_usd, request_budget_stop
+from spotrun.ledger.intervals import seconds_between
+from spotrun.ledger.rules import BillingRules, SpendKind, rules_for
+from spotrun.ledger.storage import StoreOpener, book_storage, measure_job_storage, storage_key
+from spotrun.providers.base import InstanceInfo, Provider
+from spotrun.states import AttemptState, JobState
+from spotrun.store import open_store
+
+_TERMINAL_JOBS = [s for s in JobState if s.is_terminal()]
+
+
+@dataclass
+class SpendTick:
+    """What one tick did."""
+
+    rows_booked: int = 0
+    attempts_closed: list[int] = field(default_factory=list)
+    stop_jobs: list[str] = field(default_factory=list)   # newly flagged for a budget stop
+    errors: list[str] = field(default_factory=list)
+
+
+class SpendLoop:
+    """Books spend each tick and flags jobs whose budget the next stretch would pass."""
+
+    name = "spend"
+
+    def __init__(self, engine: Engine, provider: Provider, *, rules: BillingRules | None = None,
+                 store_opener: StoreOpener = open_store, volume_gb: float = 0.0,
+                 min_book_s: float = 60.0, storage_interval_s: float = 600.0,
+                 stop_margin_s: float = 900.0, log: Any = None) -> None:
+        self.engine = engine
+        self.provider = provider
+        self.rules = rules or rules_for(provider.name)
+        self.store_opener = store_opener
+        self.volume_gb = volume_gb
+        self.min_book_s = min_book_s                 # provider seconds between running bookings
+        self.storage_interval_s = storage_interval_s  # provider seconds between store listings
+        self.stop_margin_s = stop_margin_s           # provider seconds to checkpoint and stop
+        self.log = log or structlog.get_logger("spotrun.daemon.spend")
+
+    def tick(self, now: datetime | None = None) -> SpendTick:
+        """One pass: book attempts, then storage, then check budgets."""
+        wall = now or utcnow()
+        pnow = self.provider.now()
+        out = SpendTick()
+        self._book_attempts(pnow, wall, out)
+        self._book_storage(pnow, wall, out)
+        self._check_budgets(pnow, wall, out)
+        return out
+
+    # ------------------------------------------------------------ attempts
+
+    def _open_attempts(self) -> list[Attempt]:
+        key = literal("attempt:") + cast(Attempt.id, String)
+        q = (select(Attempt).outerjoin(LedgerMark, LedgerMark.key == key)
+             .where(or_(LedgerMark.closed.is_(None), LedgerMark.closed == False))  # noqa: E712
+             .order_by(Attempt.id))
+        with session(self.engine) as s:
+            rows = list(s.exec(q))
+        # A launch still in flight has nothing billable yet.
+        return [a for a in rows if a.instance_id or a.started_at or a.state is AttemptState.ENDED]
+
+    def _describe(self, attempts: list[Attempt]) -> dict[str, InstanceInfo]:
+        ids = sorted({a.instance_id for a in attempts if a.instance_id})
+        if not ids:
+            return {}
+        try:
+            return {i.instance_id: i for i in self.provider.describe(instance_ids=ids)}
+        except SpotrunError as exc:
+            # Book from the attempt rows alone; seconds booked past an unseen end are
+            # reversed once the end is known.
+            self.log.warning("spend_describe_failed", error=str(exc))
+            return {}
+
+    def _book_attempts(self, pnow: datetime, wall: datetime, out: SpendTick) -> None:
+        attempts = self._open_attempts()
+        infos = self._describe(attempts)
+        for att in attempts:
+            with session(self.engine) as s:
+                a = s.get(Attempt, att.id)
+                times = instance_times(a, infos.get(a.instance_id or ""))
+                try:
+                    rows = book_attempt(s, a, times, self.provider, self.rules, upto=pnow,
+                                        booked_at=wall, volume_gb=self.volume_gb,
+                                        min_step_s=self.min_book_s)
+                    s.commit()
+                except (BookingConflict, IntegrityError, OperationalError) as exc:
+                    s.rollback()
+                    out.errors.append(f"attempt {att.id}: {exc}")
+                    self.log.warning("spend_booking_conflict", attempt=att.id, error=str(exc))
+                    continue
+                except SpotrunError as exc:  # e.g. the price feed failed: retry next tick
+                    s.rollback()
+                    out.errors.append(f"attempt {att.id}: {exc}")
+                    self.log.warning("spend_booking_failed", attempt=att.id, error=str(exc))
+                    continue
+            out.rows_booked += len(rows)
+            if times.end is not None:
+                with session(self.engine) as s:
+                    m = s.get(LedgerMark, f"attempt:{att.id}")
+                if m is not None and m.closed:
+                    out.attempts_closed.append(att.id)
+
+    # ------------------------------------------------------------ storage
+
+    def _storage_jobs(self) -> list[Job]:
+        key = literal("storage:") + Job.id
+        q = (select(Job).outerjoin(LedgerMark, LedgerMark.key == key)
+             .where(or_(Job.state.not_in(_TERMINAL_JOBS), LedgerMark.closed.is_(None),
+                        LedgerMark.closed == False)))  # noqa: E712
+        with session(self.engine) as s:
+            return list(s.exec(q))
+
+    def _book_storage(self, pnow: datetime, wall: datetime, out: SpendTick) -> None:
+        for job in self._storage_jobs():
+            with session(self.engine) as s:
+                atts = [a for a in attempts_of(s, job.id) if a.started_at is not None]
+                mark = s.get(LedgerMark, storage_key(job.id))
+            if not atts:
+                continue
+            start = min(a.started_at for a in atts)
+            finished = job.state.is_terminal() and all(a.ended_at for a in atts)
+            upto = max(a.ended_at for a in atts) if finished else pnow
+            since = mark.booked_until if mark is not None else start
+            if not finished and seconds_between(since, upto) < self.storage_interval_s:
+                continue
+            try:
+                usage = measure_job_storage(job, self.store_opener) \
+                    if seconds_between(since, upto) > 0 else None
+            except SpotrunError as exc:
+                out.errors.append(f"storage {job.id}: {exc}")
+                self.log.warning("spend_storage_list_failed", job=job.id, error=str(exc))
+                continue
+            with session(self.engine) as s:
+                try:
+                    if usage is not None:
+                        out.rows_booked += len(book_storage(
+                            s, job, usage, self.rules, start=start, upto=upto, booked_at=wall))
+                    if finished:
+                        _close_storage(s, job.id, upto)
+                    s.commit()
+                except (BookingConflict, IntegrityError, OperationalError) as exc:
+                    s.rollback()
+                    out.errors.append(f"storage {job.id}: {exc}")
+
+    # ------------------------------------------------------------ budgets
+
+    def _check_budgets(self, pnow: datetime, wall: datetime, out: SpendTick) -> None:
+        with session(self.engine) as s:
+            jobs = list(s.exec(select(Job).where(Job.state.not_in(_TERMINAL_JOBS),
+                                                 Job.budget_stop_requested == False)))  # noqa: E712
+        for job in jobs:
+            if job_budget_usd(job) is None:
+                continue
+            with session(self.engine) as s:
+                expected = self._expected_usd(s, job.id, pnow)
+                if expected <= 0:
+                    continue   # nothing running: the scheduler checks before the next launch
+                j = s.get(Job, job.id)
+                decision = budget_check(s, j, wall, expected)
+                if not decision.allowed and request_budget_stop(s, j, decision, wall):
+                    s.commit()
+                    out.stop_jobs.append(job.id)
+                    self.log.info("budget_stop_requested", job=job.id, reason=decision.reason)
+
+    def _expected_usd(self, s: Any, job_id: str, pnow: datetime) -> float:
+        """Cost of running attempts from their watermark until they can be stopped."""
+        total = 0.0
+        for a in attempts_of(s, job_id):
+            if a.state is AttemptState.ENDED or a.started_at is None or a.ended_at is not None:
+                continue
+            mark = s.get(LedgerMark, f"attempt:{a.id}")
+            since = mark.booked_until if mark is not None else a.started_at
+            last = s.exec(select(SpendEntry).where(
+                SpendEntry.attempt_id == a.id, SpendEntry.kind == SpendKind.COMPUTE.value)
+                .order_by(SpendEntry.end.desc()).limit(1)).first()
+            price = last.price_usd_per_hour if last is not None else a.price_usd_per_hour
+            secs = max(seconds_between(since, pnow), 0.0) + self.stop_margin_s
+            total += secs / 3600.0 * price
+        return total
+
+
+def _close_storage(s: Any, job_id: str, upto: datetime) -> None:
+    mark = s.get(LedgerMark, storage_key(job_id))
+    if mark is None:
+        s.add(LedgerMark(key=storage_key(job_id), job_id=job_id, booked_until=upto, closed=True,
+                         version=1))
+    elif not mark.closed:
+        mark.closed = True
+        mark.version += 1
+        s.add(mark)

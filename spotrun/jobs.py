@@ -1,0 +1,107 @@
+"""Submitting, cancelling and resuming jobs: what the CLI writes to the database.
+
+Only the daemon acts on clouds; these functions record requests.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from sqlalchemy.engine import Engine
+
+from spotrun import layout
+from spotrun.catalog import load_catalog
+from spotrun.config import Settings
+from spotrun.db import Job, add_event, find_job, new_job_id, session, utcnow
+from spotrun.errors import BadInputError, NotFoundError
+from spotrun.spec import JobSpec, load_spec_file
+from spotrun.states import JobState
+from spotrun.store import ProgressFn, open_store
+from spotrun.zones import known_zones
+
+
+@dataclass(frozen=True)
+class Submission:
+    """A validated spec plus where it will live."""
+
+    spec: JobSpec
+    job_id: str
+    store_uri: str
+    checkpoint_uri: str
+
+
+def validate_submission(path: str | Path, settings: Settings) -> Submission:
+    """Validate a spec file against the catalog and the provider's zones (writes nothing)."""
+    spec = load_spec_file(path, instance_types=load_catalog().names(), zones=known_zones(settings))
+    job_id = new_job_id(spec.name)
+    store_uri = settings.store_url
+    if spec.checkpoint.uri:
+        # One prefix per job, so no job can read or write another job's checkpoints.
+        checkpoint_uri = f"{spec.checkpoint.uri.rstrip('/')}/{job_id}"
+    else:
+        checkpoint_uri = f"{store_uri.rstrip('/')}/{layout.default_checkpoint_prefix(job_id)}"
+    return Submission(spec=spec, job_id=job_id, store_uri=store_uri, checkpoint_uri=checkpoint_uri)
+
+
+def submit(sub: Submission, engine: Engine, progress: ProgressFn | None = None) -> Job:
+    """Upload the code bundle, then record the job as queued."""
+    bundle = None
+    if sub.spec.workdir:
+        from spotrun.bundle import make_bundle
+        import tempfile
+        store = open_store(sub.store_uri)
+        with tempfile.TemporaryDirectory(prefix="spotrun-bundle-") as tmp:
+            tar = Path(tmp) / "bundle.tar.gz"
+            make_bundle(Path(sub.spec.workdir), tar)
+            bundle = layout.bundle_key(sub.job_id)
+            store.put_file(bundle, tar, progress=progress)
+    job = Job(id=sub.job_id, name=sub.spec.name, state=JobState.QUEUED,
+              spec_json=json.dumps(sub.spec.to_dict(), sort_keys=True),
+              store_uri=sub.store_uri, checkpoint_uri=sub.checkpoint_uri, bundle_key=bundle,
+              budget_usd=sub.spec.policy.budget_usd, total_steps=sub.spec.work.total_steps)
+    with session(engine) as s:
+        s.add(job)
+        add_event(s, job.id, "submitted", f"spec {sub.spec.name}")
+        s.commit()
+    return job
+
+
+def request_cancel(engine: Engine, ref: str) -> Job:
+    """Mark a job for cancellation (idempotent); the daemon terminates its instances."""
+    with session(engine) as s:
+        job = find_job(s, ref)
+        if job is None:
+            raise NotFoundError("no such job", field="JOB", value=ref, hint="see `spotrun status`")
+        if job.state.is_terminal() or job.cancel_requested:
+            return job
+        job.cancel_requested = True
+        job.updated_at = utcnow()
+        add_event(s, job.id, "cancel_requested")
+        s.add(job)
+        s.commit()
+        return job
+
+
+def resume_job(engine: Engine, ref: str, budget_usd: float | None = None) -> Job:
+    """Requeue a job stopped by its budget (or failed), optionally raising the budget."""
+    with session(engine) as s:
+        job = find_job(s, ref)
+        if job is None:
+            raise NotFoundError("no such job", field="JOB", value=ref, hint="see `spotrun status`")
+        if job.state not in (JobState.BUDGET_EXHAUSTED, JobState.FAILED):
+            raise BadInputError(f"job is {job.state.value}; only budget_exhausted or failed jobs "
+                                "can be resumed", field="JOB", value=ref)
+        if budget_usd is not None:
+            from spotrun.ledger.budget import raise_budget
+            raise_budget(s, job, budget_usd)
+        job.state = JobState.RECOVERING
+        job.error_restarts = 0
+        job.reason = None
+        job.updated_at = utcnow()
+        add_event(s, job.id, "resumed", f"budget_usd={job.budget_usd}")
+        s.add(job)
+        s.commit()
+        return job
+

@@ -1,0 +1,277 @@
+"""The market's HTTP JSON API and IMDS on 127.0.0.1, and `serve()` (the foreground process).
+
+Routes: GET /health /time /pools /instances /prices /price-history /status;
+POST /instances, /instances/<id>/terminate, /admin/interrupt, /admin/stop;
+any method under /imds/<id>/latest/... (IMDSv2, see imds.py).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import signal
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+from spotrun.errors import BadInputError, ProviderError, SpotrunError
+from spotrun.market import imds, procs
+from spotrun.market.clock import to_iso
+from spotrun.market.core import Candidate, LaunchRefused, Market
+from spotrun.market.options import MarketOptions
+from spotrun.market.state import InstanceRecord
+from spotrun.states import Market as MarketKind
+
+MARKET_JSON = "market.json"
+LOCK_FILE = "market.lock"
+
+
+def record_json(rec: InstanceRecord) -> dict[str, Any]:
+    """The API's view of an instance (times ISO-8601, market clock)."""
+    return {"instance_id": rec.instance_id, "instance_type": rec.instance_type, "zone": rec.zone,
+            "market": rec.market.value, "state": rec.state.value,
+            "launched_at": to_iso(rec.launched_at), "ended_at": to_iso(rec.ended_at),
+            "cause": rec.cause.value if rec.cause else None, "tags": rec.tags,
+            "price_usd_per_hour": rec.price_usd_per_hour, "client_token": rec.client_token,
+            "notice_at": to_iso(rec.notice_at), "reclaim_at": to_iso(rec.reclaim_at),
+            "pid": rec.pid}
+
+
+class _Flags:
+    """Set by signal handlers and /admin/stop; read by the main loop."""
+
+    stop = False
+    stop_instances = False
+
+
+class MarketHTTPServer(ThreadingHTTPServer):
+    """ThreadingHTTPServer that carries the market."""
+
+    daemon_threads = True
+
+    def __init__(self, market: Market, flags: _Flags, port: int = 0) -> None:
+        super().__init__(("127.0.0.1", port), _Handler)
+        self.market = market
+        self.flags = flags
+        self.port = int(self.server_address[1])
+        market.imds_base = f"http://127.0.0.1:{self.port}/imds"
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: MarketHTTPServer
+    protocol_version = "HTTP/1.0"
+
+    def log_message(self, format: str, *args: Any) -> None:
+        """Quiet: agents poll IMDS several times a second."""
+
+    def do_GET(self) -> None:
+        self._dispatch("GET")
+
+    def do_POST(self) -> None:
+        self._dispatch("POST")
+
+    def do_PUT(self) -> None:
+        self._dispatch("PUT")
+
+    def _send(self, status: int, body: str, content_type: str = "application/json") -> None:
+        data = body.encode()
+        self.send_response(status)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _json(self, status: int, obj: Any) -> None:
+        self._send(status, json.dumps(obj))
+
+    def _body(self) -> dict[str, Any]:
+        length = int(self.headers.get("Content-Length") or 0)
+        if not length:
+            return {}
+        try:
+            body = json.loads(self.rfile.read(length))
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            raise BadInputError("request body is not JSON", field="body") from None
+        if not isinstance(body, dict):
+            raise BadInputError("request body must be an object", field="body")
+        return body
+
+    def _dispatch(self, method: str) -> None:
+        url = urlsplit(self.path)
+        parts = [p for p in url.path.split("/") if p]
+        query = {k: v[-1] for k, v in parse_qs(url.query).items()}
+        try:
+            if parts and parts[0] == "imds" and len(parts) >= 2:
+                self._imds(method, parts[1], "/".join(parts[2:]))
+                return
+            self._api(method, parts, query)
+        except LaunchRefused as exc:
+            self._json(409, {"error": "no candidate has capacity", "reasons": exc.reasons})
+        except BadInputError as exc:
+            self._json(400, {"error": str(exc), "field": exc.field})
+        except SpotrunError as exc:
+            self._json(500, {"error": str(exc), "field": exc.field})
+
+    def _imds(self, method: str, instance_id: str, rest: str) -> None:
+        m = self.server.market
+        rec = m.state.get(instance_id)
+        user_data = m.user_data(instance_id) if rest == "latest/user-data" else None
+        headers = {k.lower(): v for k, v in self.headers.items()}   # names are case-insensitive
+        reply = imds.handle(method, rest, headers, rec, user_data, m.now_s(),
+                            m.minter)
+        self._send(reply.status, reply.body, reply.content_type)
+
+    def _api(self, method: str, parts: list[str], q: dict[str, str]) -> None:
+        m = self.server.market
+        route = (method, "/".join(parts))
+        if route == ("GET", "health"):
+            self._json(200, {"ok": True, "pid": os.getpid()})
+        elif route == ("GET", "time"):
+            self._json(200, time_json(m))
+        elif route == ("GET", "pools"):
+            types = [t for t in q.get("instance_types", "").split(",") if t]
+            self._json(200, {"pools": m.pools(types or None)})
+        elif route == ("GET", "instances"):
+            ids = q["ids"].split(",") if q.get("ids") else None
+            recs = m.describe(job_id=q.get("job_id"), instance_ids=ids)
+            self._json(200, {"instances": [record_json(r) for r in recs]})
+        elif route == ("POST", "instances"):
+            self._json(200, {"instance": record_json(_launch(m, self._body()))})
+        elif method == "POST" and len(parts) == 3 and parts[0] == "instances" \
+                and parts[2] == "terminate":
+            rec = m.terminate(parts[1])
+            self._json(200, {"instance": record_json(rec) if rec else None})
+        elif route == ("GET", "prices"):
+            pos = m.clock.position(m.now_s())
+            price = m.book.spot_price(q.get("instance_type", ""), q.get("zone", ""), pos)
+            self._json(200, {"price_usd_per_hour": price})
+        elif route == ("GET", "price-history"):
+            self._json(200, {"points": _history(m, q)})
+        elif route == ("GET", "status"):
+            self._json(200, status_json(m))
+        elif route == ("POST", "admin/interrupt"):
+            body = self._body()
+            rec = m.interrupt(str(body.get("instance_id", "")), _num(body, "in_s", 0.0),
+                              bool(body.get("notice", True)))
+            self._json(200, {"instance": record_json(rec)})
+        elif route == ("POST", "admin/stop"):
+            self.server.flags.stop_instances = True
+            self.server.flags.stop = True
+            self._json(200, {"stopping": True})
+        else:
+            self._json(404, {"error": f"no route {method} /{'/'.join(parts)}"})
+
+
+def _num(body: dict[str, Any], key: str, default: float | None) -> float:
+    value = body.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise BadInputError("must be a number", field=key, value=value)
+    return float(value)
+
+
+def _launch(m: Market, body: dict[str, Any]) -> InstanceRecord:
+    raw = body.get("candidates")
+    if not isinstance(raw, list):
+        raise BadInputError("must be a list", field="candidates")
+    try:
+        cands = [Candidate(str(c["instance_type"]), str(c["zone"]), MarketKind(c["market"]))
+                 for c in raw]
+    except (KeyError, TypeError, ValueError):
+        raise BadInputError("each needs instance_type, zone, market (spot|on-demand)",
+                            field="candidates") from None
+    tags = body.get("tags") or {}
+    if not isinstance(tags, dict):
+        raise BadInputError("must be an object", field="tags")
+    max_price = body.get("max_price_usd_per_hour")
+    return m.launch(client_token=body.get("client_token") or None, candidates=cands,
+                    user_data=str(body.get("user_data") or ""),
+                    tags={str(k): str(v) for k, v in tags.items()},
+                    max_price_usd_per_hour=None if max_price is None
+                    else _num(body, "max_price_usd_per_hour", None))
+
+
+def _history(m: Market, q: dict[str, str]) -> list[dict[str, Any]]:
+    try:
+        start, end = float(q["start_s"]), float(q["end_s"])
+    except (KeyError, ValueError):
+        raise BadInputError("start_s and end_s (unix seconds) are required",
+                            field="price-history") from None
+    out = []
+    for zone in [z for z in q.get("zones", "").split(",") if z]:
+        for p in m.book.price_points(q.get("instance_type", ""), zone, m.clock.position(start),
+                                     m.clock.position(end)):
+            out.append({"zone": zone, "ts_s": max(start, m.clock.time_of(p.position)),
+                        "price_usd_per_hour": p.price_usd_per_hour})
+    return out
+
+
+def time_json(m: Market) -> dict[str, Any]:
+    """GET /time: market time and the clock's parameters."""
+    now = m.now_s()
+    return {"now": to_iso(now), "now_s": now, "epoch_wall_s": m.clock.epoch_wall_s,
+            "time_scale": m.clock.time_scale, "start_tick": m.clock.start_tick,
+            "tick_s": m.clock.tick_s, "position": m.clock.position(now),
+            "trace_rows": m.book.rows}
+
+
+def status_json(m: Market) -> dict[str, Any]:
+    """GET /status: clock, options, pools now and every instance."""
+    return {"time": time_json(m), "options": json.loads(m.options.to_json()),
+            "pools": m.pools(), "instances": [record_json(r) for r in m.describe()]}
+
+
+def write_json_atomic(path: Path, obj: Any) -> None:
+    """Write JSON to a temp file and rename it over path."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(obj, indent=2), encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def serve(state_dir: Path, options: MarketOptions, port: int = 0) -> int:
+    """Run the market in the foreground until SIGTERM/SIGINT or POST /admin/stop."""
+    state_dir = Path(state_dir).resolve()
+    state_dir.mkdir(parents=True, exist_ok=True)
+    lock = open(state_dir / LOCK_FILE, "w")
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        raise ProviderError("a market already runs on this state dir", field="state_dir",
+                            value=str(state_dir), hint="`spotrun market stop` first") from None
+    flags = _Flags()
+
+    def _on_signal(signum: int, frame: Any) -> None:
+        flags.stop = True
+
+    signal.signal(signal.SIGTERM, _on_signal)
+    signal.signal(signal.SIGINT, _on_signal)
+    market = Market(state_dir, options)
+    server = MarketHTTPServer(market, flags, port)
+    market.start_watcher()
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.2},
+                              daemon=True)
+    thread.start()
+    info = {"url": f"http://127.0.0.1:{server.port}", "port": server.port, "pid": os.getpid(),
+            "pid_start_ticks": procs.start_ticks(os.getpid()), "state_dir": str(state_dir),
+            "ignored_options": market.ignored}
+    write_json_atomic(state_dir / MARKET_JSON, info)
+    print(f"market ready at {info['url']} (state {state_dir})", flush=True)
+    if market.ignored:
+        print(f"kept the stored settings for: {', '.join(market.ignored)}", flush=True)
+    idle = threading.Event()   # never set: bounded waits while signal handlers set flags
+    while not flags.stop:
+        idle.wait(0.2)
+    if flags.stop_instances:
+        market.terminate_all(market.wall.time() + market.options.grace_s + 5.0)
+    server.shutdown()
+    server.server_close()
+    market.close()
+    try:
+        if json.loads((state_dir / MARKET_JSON).read_text())["pid"] == os.getpid():
+            (state_dir / MARKET_JSON).unlink()
+    except (OSError, ValueError, KeyError):
+        pass
+    lock.close()
+    return 0

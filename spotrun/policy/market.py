@@ -1,0 +1,148 @@
+"""What a policy may know about the spot market: history up to now, never after.
+
+`MarketHistory` holds availability and prices per pool for ticks 0..n-1 plus
+statistics derived causally (each value at tick t depends only on ticks <= t).
+`MarketView` is that history seen at one tick `now`: its accessors never index
+past `now`. The simulator builds one history over the whole trace and moves
+`now`; the daemon builds one from what it has observed so far (`now` = last row).
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass
+
+import numpy as np
+
+
+def _run_ages(up: np.ndarray) -> np.ndarray:
+    """Int [n, P]: how many ticks the current run (up or down) has lasted at each tick."""
+    n, n_pools = up.shape
+    ages = np.ones((n, n_pools), dtype=np.int64)
+    if n == 0:
+        return ages
+    idx = np.arange(n)[:, None]
+    change = np.ones((n, n_pools), dtype=bool)
+    change[1:] = up[1:] != up[:-1]
+    start = np.where(change, idx, 0)
+    start = np.maximum.accumulate(start, axis=0)
+    return idx - start + 1
+
+
+def _stretches(col: np.ndarray, value: bool) -> tuple[np.ndarray, np.ndarray]:
+    """(observed_at, length) of completed runs of `value`; observed when the run ends."""
+    x = np.concatenate(([0], (col == value).astype(np.int8), [0])).astype(np.int8)
+    d = np.diff(x)
+    starts = np.flatnonzero(d == 1)
+    ends = np.flatnonzero(d == -1)           # first tick after the run
+    keep = ends < len(col)                   # runs still going at the end are not complete
+    return ends[keep], (ends - starts)[keep]
+
+
+@dataclass
+class _PoolRuns:
+    up_ends: np.ndarray       # tick at which each completed up-run was seen to end (a reclaim)
+    up_lengths: np.ndarray
+    down_ends: np.ndarray
+    down_lengths: np.ndarray
+
+
+class MarketHistory:
+    """Availability and prices of every pool, ticks 0..n-1, with causal statistics."""
+
+    def __init__(self, pools: list[str], up: np.ndarray, price_usd_per_hour: np.ndarray,
+                 od_price_usd_per_hour: float, tick_s: float) -> None:
+        self.pools = list(pools)
+        self.up = np.ascontiguousarray(up, dtype=bool)
+        self.price = np.ascontiguousarray(price_usd_per_hour, dtype=np.float64)
+        self.od_price_usd_per_hour = float(od_price_usd_per_hour)
+        self.tick_s = float(tick_s)
+        self.cum_up = np.cumsum(self.up, axis=0)
+        self.ages = _run_ages(self.up)
+        self.runs = []
+        for j in range(len(self.pools)):
+            ue, ul = _stretches(self.up[:, j], True)
+            de, dl = _stretches(self.up[:, j], False)
+            self.runs.append(_PoolRuns(ue, ul, de, dl))
+        self._up_end_lists = [r.up_ends.tolist() for r in self.runs]
+        # Python rows: policies read one row per decision, much faster than numpy scalars.
+        self.up_rows: list[list[bool]] = self.up.tolist()
+        self.price_rows: list[list[float]] = self.price.tolist()
+        self._down_end_lists = [r.down_ends.tolist() for r in self.runs]
+
+    def __len__(self) -> int:
+        return len(self.up)
+
+    def view(self, now: int) -> "MarketView":
+        """The market as known at tick now."""
+        if not 0 <= now < len(self.up_rows):
+            raise IndexError(f"tick {now} outside the observed history")
+        return MarketView(self, now)
+
+    def extended(self, up_row: np.ndarray, price_row: np.ndarray) -> "MarketHistory":
+        """A new history with one more observed tick (the daemon's way to grow it)."""
+        return MarketHistory(self.pools, np.vstack([self.up, up_row[None, :]]),
+                             np.vstack([self.price, price_row[None, :]]),
+                             self.od_price_usd_per_hour, self.tick_s)
+
+
+class MarketView:
+    """The market at tick `now`: current availability and prices, and the past."""
+
+    __slots__ = ("h", "now")
+
+    def __init__(self, history: MarketHistory, now: int) -> None:
+        self.h = history
+        self.now = now
+
+    @property
+    def pools(self) -> list[str]:
+        """Pool names, in column order."""
+        return self.h.pools
+
+    @property
+    def tick_s(self) -> float:
+        """Seconds per observation."""
+        return self.h.tick_s
+
+    @property
+    def od_price_usd_per_hour(self) -> float:
+        """On-demand price."""
+        return self.h.od_price_usd_per_hour
+
+    def up_now(self) -> list[bool]:
+        """Bool per pool: spot available now (do not modify)."""
+        return self.h.up_rows[self.now]
+
+    def price_now(self) -> list[float]:
+        """Spot price per pool now, USD/hour (do not modify)."""
+        return self.h.price_rows[self.now]
+
+    def age_ticks(self, j: int) -> int:
+        """How long pool j has been in its current state (up or down), in ticks."""
+        return int(self.h.ages[self.now, j])
+
+    def uptime_fraction(self, j: int) -> float:
+        """Share of observed ticks (0..now) in which pool j was available."""
+        return float(self.h.cum_up[self.now, j]) / (self.now + 1)
+
+    def reclaims(self, j: int) -> int:
+        """Up-runs of pool j seen to end so far (each a reclaim for a job on it)."""
+        return bisect.bisect_right(self.h._up_end_lists[j], self.now)
+
+    def up_stretches(self, j: int) -> np.ndarray:
+        """Lengths (ticks) of pool j's completed up-runs observed so far."""
+        r = self.h.runs[j]
+        return r.up_lengths[:self.reclaims(j)]
+
+    def down_stretches(self, j: int) -> np.ndarray:
+        """Lengths (ticks) of pool j's completed down-runs observed so far."""
+        r = self.h.runs[j]
+        k = bisect.bisect_right(self.h._down_end_lists[j], self.now)
+        return r.down_lengths[:k]
+
+    def up_history(self, j: int) -> np.ndarray:
+        """Availability of pool j for ticks 0..now (read-only view)."""
+        v = self.h.up[:self.now + 1, j]
+        v.flags.writeable = False
+        return v

@@ -1,0 +1,332 @@
+"""The `aws` provider: EC2 spot and on-demand through boto3.
+
+Instances are found by tag (`spotrun:managed`, `spotrun:job`, `spotrun:attempt`), so
+the daemon can crash at any point and reconcile from EC2 alone. A launch is
+idempotent twice over: an instance already tagged with the attempt's client token is
+returned without a call, and every call carries a ClientToken.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any, Callable
+
+from spotrun.aws_clients import (CAPACITY_CODES, RetryPolicy, call, error_code,
+                                 make_client)
+from spotrun.catalog import Catalog, load_catalog
+from spotrun.errors import CapacityError, ConfigError, ProviderError
+from spotrun.providers.aws_launch import TAG_TOKEN, LaunchConfig, build_calls
+from spotrun.providers.aws_prices import SpotPrices
+from spotrun.providers.base import (TAG_JOB, TAG_MANAGED, InstanceInfo, LaunchPlan,
+                                    LaunchRequest, PricePoint)
+from spotrun.states import InstanceState, Market, TerminationCause
+
+log = logging.getLogger(__name__)
+
+_STATES = {"pending": InstanceState.PENDING, "running": InstanceState.RUNNING,
+           "shutting-down": InstanceState.SHUTTING_DOWN,
+           "terminated": InstanceState.TERMINATED,
+           # Shutdown behaviour is terminate; a stopped instance is on its way out.
+           "stopping": InstanceState.SHUTTING_DOWN, "stopped": InstanceState.SHUTTING_DOWN}
+_CAUSES = {"Server.SpotInstanceTermination": TerminationCause.SPOT_RECLAIM,
+           "Client.InstanceInitiatedShutdown": TerminationCause.INSTANCE_SHUTDOWN,
+           "Client.UserInitiatedShutdown": TerminationCause.USER}
+_RECLAIM_REQUEST_CODES = ("instance-terminated-by-price", "instance-terminated-no-capacity",
+                          "instance-terminated-capacity-oversubscribed",
+                          "instance-terminated-launch-group-constraint",
+                          "instance-terminated-by-experiment")
+_REASON_TIME = re.compile(r"\((\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2}) (?:GMT|UTC)\)")
+_NOT_FOUND = ("InvalidInstanceID.NotFound", "InvalidInstanceID.Malformed")
+
+
+@dataclass(frozen=True)
+class CapacityFailure:
+    """One pool that refused a launch."""
+
+    pool: str
+    code: str
+    at: datetime
+
+
+def _utcnow() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+class AwsProvider:
+    """EC2 behind the Provider interface."""
+
+    name = "aws"
+
+    def __init__(self, *, ec2: Any, launch: LaunchConfig, region: str = "us-east-1",
+                 catalog: Catalog | None = None, retry: RetryPolicy | None = None,
+                 clock: Callable[[], datetime] = _utcnow,
+                 capacity_cooldown_s: float = 600.0) -> None:
+        self.ec2 = ec2
+        self.cfg = launch
+        self.region = region
+        self.catalog = catalog or load_catalog("aws")
+        self.retry = retry or RetryPolicy()
+        self.clock = clock
+        self.capacity_cooldown_s = capacity_cooldown_s
+        self.prices = SpotPrices(ec2, self.retry, clock)
+        self.capacity_failures: list[CapacityFailure] = []
+        self._zones: list[str] | None = sorted(launch.subnets) or None
+        self._first_seen_ended: dict[str, datetime] = {}
+
+    @classmethod
+    def from_settings(cls, settings: Any, *, ec2: Any = None,
+                      clock: Callable[[], datetime] | None = None, **_: Any) -> "AwsProvider":
+        """Build from Settings (region, aws.*); ec2 and clock may be injected."""
+        aws = settings.aws
+        client = ec2 or make_client("ec2", region=settings.region, endpoint_url=aws.endpoint_url)
+        return cls(ec2=client, launch=LaunchConfig.from_settings(aws), region=settings.region,
+                   retry=RetryPolicy.from_settings(aws), clock=clock or _utcnow,
+                   capacity_cooldown_s=aws.capacity_cooldown_s)
+
+    def _call(self, method: str, **kw: Any) -> Any:
+        return call(self.retry, getattr(self.ec2, method), **kw)
+
+    # ------------------------------------------------------------ basics
+
+    def now(self) -> datetime:
+        """UTC now (EC2 bills by the wall clock)."""
+        return self.clock()
+
+    def zones(self) -> list[str]:
+        """Configured subnet zones, else the region's available zones."""
+        if self._zones is None:
+            resp = self._call("describe_availability_zones",
+                              Filters=[{"Name": "state", "Values": ["available"]}])
+            self._zones = sorted(z["ZoneName"] for z in resp.get("AvailabilityZones", []))
+        return list(self._zones)
+
+    def spot_price(self, instance_type: str, zone: str) -> float | None:
+        """The spot price in effect now (cached a few minutes)."""
+        return self.prices.current(instance_type, zone)
+
+    def on_demand_price(self, instance_type: str) -> float:
+        """Catalog on-demand USD/h in this region."""
+        price = self.catalog.get(instance_type).on_demand_price(self.region)
+        if price is None:
+            raise ConfigError("no on-demand price in the catalog", field="instance_type",
+                              value=instance_type)
+        return price
+
+    def price_history(self, instance_type: str, zones: list[str], start: datetime,
+                      end: datetime) -> list[PricePoint]:
+        """Change points from describe_spot_price_history (every page)."""
+        return self.prices.history(instance_type, zones, start, end)
+
+    # ------------------------------------------------------------ launch
+
+    def plan_launch(self, request: LaunchRequest) -> LaunchPlan:
+        """Pure: the EC2 calls a launch makes (user data elided)."""
+        return LaunchPlan(provider=self.name, request=request,
+                          calls=build_calls(self.cfg, request, elide_user_data=True))
+
+    def pools_cooling(self) -> set[str]:
+        """Pool keys that refused capacity within the cooldown (for the scheduler)."""
+        now = self.now()
+        return {f.pool for f in self.capacity_failures
+                if (now - f.at).total_seconds() < self.capacity_cooldown_s}
+
+    def _record_capacity(self, pool: str, code: str) -> None:
+        log.info("no capacity in %s: %s", pool, code)
+        self.capacity_failures.append(CapacityFailure(pool=pool, code=code, at=self.now()))
+        del self.capacity_failures[:-500]
+
+    def launch(self, plan: LaunchPlan) -> InstanceInfo:
+        """Try the calls in order; the first instance started wins."""
+        request = plan.request
+        existing = self._by_token(request)
+        if existing is not None:
+            return existing
+        failed: list[tuple[str, str]] = []
+        for c in build_calls(self.cfg, request):
+            method = c["api"].split(".", 1)[1]
+            if method == "create_launch_template":
+                self._ensure_template(c["params"])
+                continue
+            try:
+                resp = self._call(method, **c["params"])
+            except Exception as exc:
+                code = error_code(exc)
+                if code in CAPACITY_CODES:
+                    for pool in c["pools"]:
+                        self._record_capacity(pool, code)
+                        failed.append((pool, code))
+                    continue
+                raise _provider_error(exc, method) from None
+            ids = self._ids_from(method, resp, c["pools"], failed)
+            if ids:
+                self._cleanup_template(plan)
+                return self._wait_visible(ids[0])
+        self._cleanup_template(plan)
+        if failed and not any(code in CAPACITY_CODES for _, code in failed):
+            raise ProviderError(f"launch failed: {failed}"[:400], field="aws",
+                                value=failed[-1][1])
+        pool, code = failed[-1] if failed else ("", "InsufficientInstanceCapacity")
+        itype, zone, market = (pool.split("/") + ["", "", ""])[:3]
+        err = CapacityError(f"no capacity in any candidate: "
+                            f"{', '.join(f'{p} ({c})' for p, c in failed)}"[:400],
+                            instance_type=itype, zone=zone, market=market, code=code)
+        err.failures = failed  # type: ignore[attr-defined]
+        raise err
+
+    def _ids_from(self, method: str, resp: dict[str, Any], pools: list[str],
+                  failed: list[tuple[str, str]]) -> list[str]:
+        if method == "run_instances":
+            return [i["InstanceId"] for i in resp.get("Instances", [])]
+        for e in resp.get("Errors", []) or []:
+            ov = (e.get("LaunchTemplateAndOverrides") or {}).get("Overrides") or {}
+            code = e.get("ErrorCode", "")
+            match = [p for p in pools if p.startswith(f"{ov.get('InstanceType')}/"
+                                                      f"{ov.get('AvailabilityZone', '')}")]
+            pool = match[0] if match else f"{ov.get('InstanceType')}/?"
+            if code in CAPACITY_CODES:
+                self._record_capacity(pool, code)
+            failed.append((pool, code))
+        return [i for group in resp.get("Instances", []) or [] for i in group["InstanceIds"]]
+
+    def _ensure_template(self, params: dict[str, Any]) -> None:
+        try:
+            self._call("create_launch_template", **params)
+        except Exception as exc:
+            if "AlreadyExists" not in error_code(exc):
+                raise _provider_error(exc, "create_launch_template") from None
+
+    def _cleanup_template(self, plan: LaunchPlan) -> None:
+        if self.cfg.launch_api != "fleet":
+            return
+        name = plan.calls[0]["params"]["LaunchTemplateName"]
+        try:
+            self._call("delete_launch_template", LaunchTemplateName=name)
+        except Exception as exc:  # noqa: BLE001 - a leftover template costs nothing
+            log.info("could not delete launch template %s: %s", name, error_code(exc))
+
+    def _by_token(self, request: LaunchRequest) -> InstanceInfo | None:
+        """An instance this attempt already started (crash between launch and DB write)."""
+        found = self._describe_filters([
+            {"Name": f"tag:{TAG_JOB}", "Values": [request.job_id]},
+            {"Name": f"tag:{TAG_TOKEN}", "Values": [request.client_token]}])
+        alive = [i for i in found if i.state is not InstanceState.TERMINATED]
+        return (alive or found or [None])[0]
+
+    def _wait_visible(self, instance_id: str) -> InstanceInfo:
+        # EC2 is eventually consistent: a just-launched id may not describe yet.
+        for attempt in range(8):
+            found = self.describe(instance_ids=[instance_id])
+            if found:
+                return found[0]
+            time.sleep(min(0.1 * 2 ** attempt, 2.0))
+        raise ProviderError("launched instance not visible", field="instance_id",
+                            value=instance_id, hint="reconcile will find it by tag")
+
+    # ------------------------------------------------------------ describe / terminate
+
+    def describe(self, *, job_id: str | None = None,
+                 instance_ids: list[str] | None = None) -> list[InstanceInfo]:
+        """Managed instances (of one job, or these ids), terminated ones included."""
+        filters = [{"Name": f"tag:{TAG_MANAGED}", "Values": ["true"]}]
+        if job_id is not None:
+            filters.append({"Name": f"tag:{TAG_JOB}", "Values": [job_id]})
+        if instance_ids is not None:
+            if not instance_ids:
+                return []
+            filters.append({"Name": "instance-id", "Values": list(instance_ids)})
+        return self._describe_filters(filters)
+
+    def _describe_filters(self, filters: list[dict[str, Any]]) -> list[InstanceInfo]:
+        raw: list[dict[str, Any]] = []
+        token = ""
+        while True:
+            kw: dict[str, Any] = {"Filters": filters, "MaxResults": 500}
+            if token:
+                kw["NextToken"] = token
+            try:
+                resp = self._call("describe_instances", **kw)
+            except Exception as exc:
+                raise _provider_error(exc, "describe_instances") from None
+            for r in resp.get("Reservations", []):
+                raw.extend(r.get("Instances", []))
+            token = resp.get("NextToken") or ""
+            if not token:
+                break
+        reclaimed = self._reclaimed_by_request(raw)
+        return sorted((self._info(i, reclaimed) for i in raw), key=lambda x: x.launched_at)
+
+    def _reclaimed_by_request(self, raw: list[dict[str, Any]]) -> set[str]:
+        """Instance ids whose spot request status says EC2 took them back."""
+        ids = [i["SpotInstanceRequestId"] for i in raw if i.get("SpotInstanceRequestId")
+               and i["State"]["Name"] in ("shutting-down", "terminated")
+               and (i.get("StateReason") or {}).get("Code") not in _CAUSES]
+        if not ids:
+            return set()
+        try:
+            resp = self._call("describe_spot_instance_requests", SpotInstanceRequestIds=ids)
+        except Exception as exc:  # noqa: BLE001 - the state reason alone still works
+            log.info("spot request lookup failed: %s", error_code(exc))
+            return set()
+        return {r["InstanceId"] for r in resp.get("SpotInstanceRequests", [])
+                if r.get("InstanceId")
+                and (r.get("Status") or {}).get("Code", "").startswith(_RECLAIM_REQUEST_CODES)}
+
+    def _info(self, i: dict[str, Any], reclaimed: set[str]) -> InstanceInfo:
+        tags = {t["Key"]: t["Value"] for t in i.get("Tags", [])}
+        state = _STATES.get(i["State"]["Name"], InstanceState.PENDING)
+        market = Market.SPOT if i.get("InstanceLifecycle") == "spot" else Market.ON_DEMAND
+        zone = (i.get("Placement") or {}).get("AvailabilityZone", "")
+        cause = ended = None
+        if state in (InstanceState.SHUTTING_DOWN, InstanceState.TERMINATED):
+            code = (i.get("StateReason") or {}).get("Code", "")
+            cause = _CAUSES.get(code, TerminationCause.UNKNOWN)
+            if i["InstanceId"] in reclaimed:
+                cause = TerminationCause.SPOT_RECLAIM
+            if state is InstanceState.TERMINATED:
+                ended = self._ended_at(i)
+        price = None
+        try:
+            price = (self.spot_price(i["InstanceType"], zone) if market is Market.SPOT
+                     else self.on_demand_price(i["InstanceType"]))
+        except (ConfigError, ProviderError):
+            price = None
+        return InstanceInfo(instance_id=i["InstanceId"], instance_type=i["InstanceType"],
+                            zone=zone, market=market, state=state,
+                            launched_at=_as_utc(i["LaunchTime"]), ended_at=ended, cause=cause,
+                            tags=tags, price_usd_per_hour=price,
+                            client_token=tags.get(TAG_TOKEN) or i.get("ClientToken") or None)
+
+    def _ended_at(self, i: dict[str, Any]) -> datetime:
+        """Termination time from the transition reason, else when we first saw it ended."""
+        m = _REASON_TIME.search(i.get("StateTransitionReason") or "")
+        if m:
+            return datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S").replace(tzinfo=timezone.utc)
+        return self._first_seen_ended.setdefault(i["InstanceId"], self.now())
+
+    def terminate(self, instance_id: str) -> None:
+        """Terminate; an unknown or already terminated instance is fine."""
+        try:
+            self._call("terminate_instances", InstanceIds=[instance_id])
+        except Exception as exc:
+            if error_code(exc) in _NOT_FOUND:
+                return
+            raise _provider_error(exc, "terminate_instances") from None
+
+
+def _as_utc(ts: datetime) -> datetime:
+    return ts.replace(tzinfo=timezone.utc) if ts.tzinfo is None else ts.astimezone(timezone.utc)
+
+
+def _provider_error(exc: BaseException, method: str) -> ProviderError:
+    if isinstance(exc, ProviderError):
+        return exc
+    code = error_code(exc) or type(exc).__name__
+    hint = None
+    if code == "IdempotentParameterMismatch":
+        hint = "a retried launch must send the same request as the first"
+    return ProviderError(f"ec2 {method} failed: {code}: {exc}"[:400], field="aws",
+                         value=code, hint=hint)

@@ -1,0 +1,94 @@
+"""The instance's user data: cloud-init that installs spotrun and starts the agent.
+
+The agent's config (AgentConfig JSON) travels in the user data and is written to
+/etc/spotrun/agent.json (mode 0600); the systemd unit runs
+`spotrun agent --user-data /etc/spotrun/agent.json`. `agent_json_from_user_data`
+reads it back (used by the test harness, and by anyone debugging an instance).
+"""
+
+from __future__ import annotations
+
+import base64
+import shlex
+
+import yaml
+
+from spotrun.errors import ConfigError, ProviderError
+
+AGENT_CONFIG_PATH = "/etc/spotrun/agent.json"
+UNIT_PATH = "/etc/systemd/system/spotrun-agent.service"
+VENV = "/opt/spotrun"
+MAX_USER_DATA_BYTES = 16 * 1024     # EC2's limit on raw user data
+AGENT_MARKER = "# spotrun-agent-config: "   # same marker as spotrun.agent.userdata
+
+# The same text is in systemd/spotrun-agent.service (a test keeps them equal).
+AGENT_UNIT = """\
+[Unit]
+Description=spotrun agent: runs one training attempt, watches for spot interruption notices
+Wants=network-online.target
+After=network-online.target cloud-final.service
+
+[Service]
+Type=simple
+ExecStart=/opt/spotrun/bin/spotrun agent --user-data /etc/spotrun/agent.json
+# The agent itself powers the instance off when the job ends (shutdown behaviour is
+# terminate); a crashed agent is restarted rather than leaving an idle instance.
+Restart=on-failure
+RestartSec=5
+KillMode=mixed
+TimeoutStopSec=150
+Environment=PYTHONUNBUFFERED=1
+
+[Install]
+WantedBy=multi-user.target
+"""
+
+
+def render_user_data(agent_json: str, *, spotrun_install: str = "spotrun") -> str:
+    """The #cloud-config document for one attempt."""
+    if not spotrun_install.strip():
+        raise ConfigError("must name a pip requirement", field="aws.spotrun_install",
+                          value=spotrun_install)
+    doc = {
+        "write_files": [
+            {"path": AGENT_CONFIG_PATH, "permissions": "0600", "owner": "root:root",
+             "content": agent_json},
+            {"path": UNIT_PATH, "permissions": "0644", "content": AGENT_UNIT},
+        ],
+        "runcmd": [
+            ["python3", "-m", "venv", VENV],
+            ["sh", "-c", f"{VENV}/bin/pip install --quiet {shlex.quote(spotrun_install)}"],
+            ["systemctl", "daemon-reload"],
+            ["systemctl", "enable", "--now", "spotrun-agent.service"],
+        ],
+    }
+    # The marker comment lets `spotrun agent --user-data-imds` read the config too.
+    text = ("#cloud-config\n" + AGENT_MARKER + agent_json.replace("\n", " ") + "\n"
+            + yaml.safe_dump(doc, sort_keys=False, width=1 << 20))
+    if len(text.encode()) > MAX_USER_DATA_BYTES:
+        raise ProviderError(f"user data is {len(text.encode())} bytes; EC2 allows 16 KiB",
+                            field="user_data", hint="pass large env values as secrets")
+    return text
+
+
+def encode_user_data(text: str) -> str:
+    """Base64, as launch templates and RunInstances want it."""
+    return base64.b64encode(text.encode()).decode()
+
+
+def agent_json_from_user_data(user_data: str) -> str:
+    """The AgentConfig JSON inside user data (plain or base64)."""
+    text = user_data
+    if not text.lstrip().startswith("#cloud-config"):
+        try:
+            text = base64.b64decode(user_data, validate=True).decode()
+        except (ValueError, UnicodeDecodeError):
+            raise ProviderError("user data is not cloud-config", field="user_data") from None
+    try:
+        doc = yaml.safe_load(text)
+        for f in doc.get("write_files") or []:
+            if f.get("path") == AGENT_CONFIG_PATH:
+                return str(f["content"])
+    except (yaml.YAMLError, AttributeError, KeyError) as exc:
+        raise ProviderError(f"unreadable user data: {exc}", field="user_data") from None
+    raise ProviderError("no agent config in user data", field="user_data")

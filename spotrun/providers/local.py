@@ -1,0 +1,176 @@
+"""The `local` provider: instances are process groups run by the local spot market.
+
+The market is a separate durable process (spotrun.market); this provider only
+talks HTTP to it, starting it detached when none runs, so a daemon restart finds
+its instances where it left them. Times are the market's clock.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Callable, TypeVar
+
+from spotrun.catalog import Catalog, load_catalog
+from spotrun.errors import CapacityError, ProviderError
+from spotrun.market.client import MarketClient, MarketRefused, ensure_market
+from spotrun.market.clock import SystemClock, WallClock, to_dt
+from spotrun.market.options import MarketOptions
+from spotrun.providers.base import (TAG_ATTEMPT, TAG_JOB, TAG_MANAGED, InstanceInfo, LaunchPlan,
+                                    LaunchRequest, PricePoint)
+from spotrun.states import InstanceState, Market, TerminationCause
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class PoolView:
+    """One pool as the policy sees it now: spot availability and prices."""
+
+    instance_type: str
+    zone: str
+    available: bool
+    spot_price_usd_per_hour: float | None
+    on_demand_price_usd_per_hour: float | None
+
+
+def _dt(value: str | None) -> datetime | None:
+    return None if value is None else datetime.fromisoformat(value)
+
+
+def info_from_json(raw: dict[str, Any]) -> InstanceInfo:
+    """InstanceInfo from the market's JSON view of an instance."""
+    launched = _dt(raw["launched_at"])
+    assert launched is not None
+    return InstanceInfo(
+        instance_id=raw["instance_id"], instance_type=raw["instance_type"], zone=raw["zone"],
+        market=Market(raw["market"]), state=InstanceState(raw["state"]), launched_at=launched,
+        ended_at=_dt(raw.get("ended_at")),
+        cause=TerminationCause(raw["cause"]) if raw.get("cause") else None,
+        tags=dict(raw.get("tags") or {}), price_usd_per_hour=raw.get("price_usd_per_hour"),
+        client_token=raw.get("client_token"), notice_at=_dt(raw.get("notice_at")))
+
+
+class LocalProvider:
+    """Provider backed by a local market process (see spotrun.market)."""
+
+    name = "local"
+
+    def __init__(self, client: MarketClient | None = None, *, region: str = "us-east-1",
+                 state_dir: Path | None = None, options: MarketOptions | None = None,
+                 catalog: Catalog | None = None, wall: WallClock | None = None) -> None:
+        if client is None and (state_dir is None or options is None):
+            raise ProviderError("a market client, or a state dir and options, are needed",
+                                field="provider", value="local")
+        self._client = client
+        self.state_dir = state_dir
+        self.options = options
+        self.region = region
+        self.catalog = catalog or load_catalog()
+        self.wall = wall or SystemClock()
+        self._clock: dict[str, Any] | None = None
+
+    @classmethod
+    def from_settings(cls, settings: Any, **kw: Any) -> "LocalProvider":
+        """The provider for settings: the market in $SPOTRUN_HOME/market, started on first use."""
+        options = MarketOptions.from_settings(settings)
+        return cls(state_dir=settings.home_path / "market", options=options,
+                   region=settings.region, **kw)
+
+    # ---- plumbing -------------------------------------------------------------------
+    @property
+    def client(self) -> MarketClient:
+        """The market client (starts the market detached if none runs yet)."""
+        if self._client is None:
+            assert self.state_dir is not None and self.options is not None
+            self._client = ensure_market(self.state_dir, self.options)
+        return self._client
+
+    def _call(self, fn: Callable[[MarketClient], T]) -> T:
+        try:
+            return fn(self.client)
+        except MarketRefused:
+            raise
+        except ProviderError:
+            if self.state_dir is None or self.options is None:
+                raise
+            # The market died: start it again on the same dir (it re-adopts its instances).
+            self._client = ensure_market(self.state_dir, self.options)
+            return fn(self._client)
+
+    # ---- Provider ---------------------------------------------------------------------
+    def zones(self) -> list[str]:
+        """The trace's zones."""
+        return sorted({p["zone"] for p in self._call(lambda c: c.pools())})
+
+    def now(self) -> datetime:
+        """Market time, computed from the market's clock parameters (no call per read)."""
+        if self._clock is None:
+            self._clock = self._call(lambda c: c.time())
+        epoch = float(self._clock["epoch_wall_s"])
+        return to_dt(epoch + (self.wall.time() - epoch) * float(self._clock["time_scale"]))
+
+    def plan_launch(self, request: LaunchRequest) -> LaunchPlan:
+        """Pure: the one POST /instances that launch() would send."""
+        tags = {**request.tags, TAG_MANAGED: "true", TAG_JOB: request.job_id,
+                TAG_ATTEMPT: str(request.attempt_number)}
+        body = {"client_token": request.client_token,
+                "candidates": [{"instance_type": p.instance_type, "zone": p.zone,
+                                "market": p.market.value} for p in request.candidates],
+                "tags": tags, "max_price_usd_per_hour": request.max_price_usd_per_hour,
+                "user_data": f"<{len(request.user_data)} bytes>"}
+        return LaunchPlan(provider=self.name, request=request,
+                          calls=({"method": "POST", "path": "/instances", "body": body},))
+
+    def launch(self, plan: LaunchPlan) -> InstanceInfo:
+        """Start the instance (idempotent by client token); CapacityError if no pool has room."""
+        body = dict(plan.calls[0]["body"], user_data=plan.request.user_data)
+        try:
+            raw = self._call(lambda c: c.launch(body))
+        except MarketRefused as exc:
+            first = plan.request.candidates[0] if plan.request.candidates else None
+            raise CapacityError(exc.message, instance_type=first.instance_type if first else "",
+                                zone=first.zone if first else "",
+                                market=first.market.value if first else "") from None
+        return info_from_json(raw)
+
+    def describe(self, *, job_id: str | None = None,
+                 instance_ids: list[str] | None = None) -> list[InstanceInfo]:
+        """Instances (terminated included), optionally of one job or these ids."""
+        raws = self._call(lambda c: c.instances(job_id=job_id, ids=instance_ids))
+        return [info_from_json(r) for r in raws]
+
+    def terminate(self, instance_id: str) -> None:
+        """Terminate (SIGTERM, then SIGKILL after the market's grace); idempotent."""
+        self._call(lambda c: c.terminate(instance_id))
+
+    def spot_price(self, instance_type: str, zone: str) -> float | None:
+        """Spot USD/h now, or None for an unknown pool."""
+        return self._call(lambda c: c.price(instance_type, zone))
+
+    def on_demand_price(self, instance_type: str) -> float:
+        """Catalog on-demand USD/h in this region."""
+        price = self.catalog.get(instance_type).on_demand_price(self.region)
+        if price is None:
+            raise ProviderError("no on-demand price listed", field="instance_type",
+                                value=instance_type)
+        return price
+
+    def price_history(self, instance_type: str, zones: list[str], start: datetime,
+                      end: datetime) -> list[PricePoint]:
+        """Change points in [start, end] (market clock), plus the one in effect at start."""
+        raws = self._call(lambda c: c.price_history(instance_type, zones, start.timestamp(),
+                                                    end.timestamp()))
+        points = [PricePoint(instance_type, r["zone"], to_dt(r["ts_s"]), r["price_usd_per_hour"])
+                  for r in raws]
+        return sorted(points, key=lambda p: (p.ts, p.zone))
+
+    def market_view(self, instance_types: list[str] | None = None) -> list[PoolView]:
+        """Per (type, zone): spot available now and prices now (default: every priced type)."""
+        types = instance_types or [n for n in self.catalog.names()
+                                   if self.catalog.get(n).on_demand_price(self.region)]
+        raws = self._call(lambda c: c.pools(types))
+        return [PoolView(r["instance_type"], r["zone"], bool(r["available"]),
+                         r["spot_price_usd_per_hour"], r["on_demand_price_usd_per_hour"])
+                for r in raws]

@@ -1,0 +1,152 @@
+"""Persist snapshots to the store: inline, or in one background thread (at most one in flight).
+
+A failed write is retried with back-off; if every try fails the error is kept
+and raised to the training loop on its next call (never dropped). An in-flight
+persist can be waited for or abandoned between shards.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from spotrun.checkpoints import Manifest, apply_retention
+from spotrun.errors import CheckpointError
+from spotrun.store.base import ObjectStore
+from spotrun.torch.snapshot import Snapshot
+from spotrun.torch.storage import Abandoned, write_snapshot
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Outcome:
+    """How one persist ended."""
+
+    step: int
+    manifest: Manifest | None = None
+    persist_s: float = 0.0
+    tries: int = 0
+    abandoned: bool = False
+    error: BaseException | None = None
+
+
+class Persister:
+    """Writes snapshots to a store, applying keep-N retention after each success."""
+
+    def __init__(self, store: ObjectStore, *, keep: int, retries: int = 3,
+                 backoff_s: float = 0.5, shard_bytes: int | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.store = store
+        self.keep = keep
+        self.retries = retries
+        self.backoff_s = backoff_s
+        self.shard_bytes = shard_bytes
+        self.clock = clock
+        self._thread: threading.Thread | None = None
+        self._cancel = threading.Event()
+        self._lock = threading.Lock()
+        self._done: list[Outcome] = []
+        self._bytes_total = 0
+        self._bytes_done = 0
+
+    @property
+    def busy(self) -> bool:
+        """True while a background persist is running."""
+        return self._thread is not None and self._thread.is_alive()
+
+    def remaining_fraction(self) -> float:
+        """Share of the in-flight persist's bytes not yet written (0 when idle)."""
+        with self._lock:
+            if not self.busy or self._bytes_total == 0:
+                return 0.0
+            return 1.0 - self._bytes_done / self._bytes_total
+
+    def run(self, snap: Snapshot, extra: dict[str, Any] | None = None) -> Outcome:
+        """Persist in the calling thread; raises CheckpointError if every try fails."""
+        self._cancel.clear()
+        out = self._persist(snap, extra)
+        if out.error is not None:
+            raise failure(out) from out.error
+        return out
+
+    def submit(self, snap: Snapshot, extra: dict[str, Any] | None = None) -> None:
+        """Start persisting in the background; the caller must not touch snap's buffer until done."""
+        if self.busy:
+            raise CheckpointError("a persist is already in flight", field="checkpoint",
+                                  value=snap.step)
+        self._cancel.clear()
+        self._thread = threading.Thread(target=self._background, args=(snap, extra),
+                                        name=f"spotrun-persist-{snap.step}", daemon=True)
+        self._thread.start()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until the in-flight persist ends; False on timeout."""
+        t = self._thread
+        if t is None:
+            return True
+        t.join(timeout)
+        return not t.is_alive()
+
+    def abandon(self) -> None:
+        """Stop the in-flight persist at the next shard boundary and wait for it."""
+        self._cancel.set()
+        self.wait()
+
+    def take_outcomes(self) -> list[Outcome]:
+        """Outcomes of background persists finished since the last call."""
+        with self._lock:
+            done, self._done = self._done, []
+        return done
+
+    def _background(self, snap: Snapshot, extra: dict[str, Any] | None) -> None:
+        out = self._persist(snap, extra)
+        with self._lock:
+            self._done.append(out)
+
+    def _progress(self, done: int) -> None:
+        with self._lock:
+            self._bytes_done = done
+
+    def _persist(self, snap: Snapshot, extra: dict[str, Any] | None) -> Outcome:
+        t0 = self.clock()
+        out = Outcome(step=snap.step)
+        with self._lock:
+            self._bytes_total, self._bytes_done = snap.nbytes, 0
+        kwargs: dict[str, Any] = {"extra": extra, "cancel": self._cancel, "progress": self._progress}
+        if self.shard_bytes:
+            kwargs["shard_bytes"] = self.shard_bytes
+        for attempt in range(self.retries + 1):
+            out.tries = attempt + 1
+            try:
+                out.manifest = write_snapshot(self.store, snap, **kwargs)
+                out.error = None
+                break
+            except Abandoned:
+                out.abandoned = True
+                break
+            except Exception as exc:   # any store failure: OSError, StoreError, botocore
+                out.error = exc
+                log.warning("checkpoint step %d: persist try %d/%d failed: %s", snap.step,
+                            attempt + 1, self.retries + 1, exc)
+                # Event.wait, not sleep: an abandon cuts the back-off short.
+                if self._cancel.wait(self.backoff_s * 2 ** attempt):
+                    out.abandoned = True
+                    break
+        if out.manifest is not None:
+            try:
+                apply_retention(self.store, self.keep)
+            except Exception as exc:   # retention is housekeeping: never fail a good save
+                log.warning("checkpoint retention failed: %s", exc)
+        out.persist_s = self.clock() - t0
+        return out
+
+
+def failure(out: Outcome) -> CheckpointError:
+    """The error to raise for an outcome whose every try failed."""
+    return CheckpointError(f"persist failed after {out.tries} tries: {out.error}",
+                           field="checkpoint", value=out.step,
+                           hint="the store is unreachable or full; the state was not saved")

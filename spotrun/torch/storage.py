@@ -1,0 +1,150 @@
+"""Write a snapshot to the store as a checkpoint, and read one back verified.
+
+Layout inside `ckpt-<step:012d>/`: `data-NNN.bin` shards of the flat buffer
+(so a write can be abandoned between shards and S3 gets moderate PUTs), then
+`meta.json` (structure and tensor slots), then `MANIFEST.json` last, through
+`spotrun.checkpoints.write_manifest`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any, Callable
+
+import torch
+
+from spotrun.checkpoints import Manifest, checkpoint_name, read_manifest, write_manifest
+from spotrun.errors import ChecksumMismatch, CheckpointError, ObjectNotFound, StoreError
+from spotrun.store.base import ObjectStore, validate_key
+from spotrun.store.file import FileStore
+from spotrun.torch.snapshot import Snapshot
+
+SHARD_BYTES = 64 * 1024 * 1024
+META = "meta.json"
+KIND = "spotrun.torch/1"
+
+
+class Abandoned(CheckpointError):
+    """A persist was told to stop before its manifest was written."""
+
+
+def _shard_name(i: int) -> str:
+    return f"data-{i:03d}.bin"
+
+
+def _payload(store: ObjectStore, view: memoryview) -> Any:
+    # FileStore writes any buffer; other stores (boto3) get real bytes.
+    return view if isinstance(store, FileStore) else bytes(view)
+
+
+def write_snapshot(store: ObjectStore, snap: Snapshot, *, extra: dict[str, Any] | None = None,
+                   cancel: threading.Event | None = None,
+                   progress: Callable[[int], None] | None = None,
+                   shard_bytes: int = SHARD_BYTES) -> Manifest:
+    """Write data shards, then meta.json, then the manifest; raises Abandoned on cancel."""
+    snap.wait_ready()
+    name = checkpoint_name(snap.step)
+    files: dict[str, dict[str, Any]] = {}
+    nshards = max(1, -(-snap.nbytes // shard_bytes))
+    # Hash each shard in a second thread while it is written (hashlib drops the GIL).
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="spotrun-sha") as pool:
+        for i in range(nshards):
+            if cancel is not None and cancel.is_set():
+                raise Abandoned("persist abandoned", field="checkpoint", value=name)
+            part = snap.data[i * shard_bytes:(i + 1) * shard_bytes]
+            digest = pool.submit(_sha, part)
+            store.put_bytes(f"{name}/{_shard_name(i)}", _payload(store, part))
+            files[_shard_name(i)] = {"size": len(part), "sha256": digest.result()}
+            if progress is not None:
+                progress(min(snap.nbytes, (i + 1) * shard_bytes))
+    meta = json.dumps(snap.meta(), separators=(",", ":")).encode()
+    store.put_bytes(f"{name}/{META}", meta)
+    files[META] = {"size": len(meta), "sha256": hashlib.sha256(meta).hexdigest()}
+    if cancel is not None and cancel.is_set():
+        raise Abandoned("persist abandoned", field="checkpoint", value=name)
+    return write_manifest(store, snap.step, files,
+                          {"kind": KIND, "nbytes": snap.nbytes, "shards": nshards, **(extra or {})})
+
+
+def _sha(data: Any) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _read_into(store: ObjectStore, key: str, dest: memoryview) -> int:
+    """Read an object into dest; returns its size (more than len(dest) means too long)."""
+    if isinstance(store, FileStore):
+        # Straight from the file into the restore buffer: no intermediate bytes object.
+        path = store.root / validate_key(key)
+        try:
+            size = path.stat().st_size
+            if size != len(dest):
+                return size
+            with open(path, "rb", buffering=0) as f:
+                got = 0
+                while got < size:
+                    n = f.readinto(dest[got:])
+                    if not n:
+                        break
+                    got += n
+                return got
+        except (FileNotFoundError, NotADirectoryError):
+            raise ObjectNotFound("no such object", field="key", value=key) from None
+    data = store.get_bytes(key)
+    if len(data) == len(dest):
+        dest[:] = data
+    return len(data)
+
+
+def _checked(store: ObjectStore, name: str, fname: str, meta: dict[str, Any]) -> bytes:
+    data = store.get_bytes(f"{name}/{fname}")
+    if len(data) != meta["size"]:
+        raise ChecksumMismatch(f"size {len(data)} != {meta['size']}", field="checkpoint",
+                               value=f"{name}/{fname}")
+    if hashlib.sha256(data).hexdigest() != meta["sha256"]:
+        raise ChecksumMismatch("sha256 differs", field="checkpoint", value=f"{name}/{fname}")
+    return data
+
+
+def read_checkpoint(store: ObjectStore, name: str) -> tuple[Manifest, dict[str, Any], torch.Tensor]:
+    """Read and verify (sizes and SHA256) one checkpoint in a single pass over its data."""
+    m = read_manifest(store, name)
+    if m.extra.get("kind") != KIND:
+        raise StoreError("not a spotrun.torch checkpoint", field="checkpoint", value=name)
+    if META not in m.files:
+        raise ChecksumMismatch("meta.json not in manifest", field="checkpoint", value=name)
+    try:
+        meta = json.loads(_checked(store, name, META, m.files[META]))
+    except ValueError as exc:
+        raise StoreError(f"corrupt meta.json: {exc}", field="checkpoint", value=name) from None
+    nbytes = int(meta["nbytes"])
+    data = torch.empty(nbytes, dtype=torch.uint8)
+    view = memoryview(data.numpy()).cast("B") if nbytes else memoryview(b"")
+    pos = 0
+    pending: list[tuple[str, Future[str]]] = []
+    # Hash shard i in a second thread while shard i+1 is read.
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="spotrun-sha") as pool:
+        for i in range(int(m.extra.get("shards", 1))):
+            fname = _shard_name(i)
+            meta_f = m.files.get(fname)
+            if meta_f is None:
+                raise ChecksumMismatch("shard not in manifest", field="checkpoint",
+                                       value=f"{name}/{fname}")
+            size = int(meta_f["size"])
+            if pos + size > nbytes:
+                raise ChecksumMismatch("shards longer than meta says", field="checkpoint", value=name)
+            got = _read_into(store, f"{name}/{fname}", view[pos:pos + size])
+            if got != size:
+                raise ChecksumMismatch(f"size {got} != {size}", field="checkpoint",
+                                       value=f"{name}/{fname}")
+            pending.append((fname, pool.submit(_sha, view[pos:pos + size])))
+            pos += size
+        for fname, digest in pending:
+            if digest.result() != m.files[fname]["sha256"]:
+                raise ChecksumMismatch("sha256 differs", field="checkpoint", value=f"{name}/{fname}")
+    if pos != nbytes:
+        raise ChecksumMismatch(f"data is {pos} bytes, meta says {nbytes}", field="checkpoint",
+                               value=name)
+    return m, meta, data

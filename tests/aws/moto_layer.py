@@ -1,0 +1,355 @@
+"""A WSGI layer in front of moto's app: what moto lacks, added the way AWS behaves.
+
+- chosen actions answer with an AWS error (503 RequestLimitExceeded, capacity errors);
+- capacity per pool (type, zone): RunInstances fails with InsufficientInstanceCapacity,
+  CreateFleet drops those overrides and reports them in `errorSet`, as an instant fleet does;
+- ClientToken idempotency: a repeated token returns the first response, a token reused
+  with other parameters answers IdempotentParameterMismatch (moto ignores tokens);
+- DescribeSpotPriceHistory answers from injected change points (moto's is a constant).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import threading
+import uuid
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any, Callable
+from urllib.parse import parse_qsl, urlencode
+from xml.sax.saxutils import escape
+
+EC2_NS = "http://ec2.amazonaws.com/doc/2016-11-15/"
+_IDEMPOTENT = ("RunInstances", "CreateFleet")
+# AWS ignores these when comparing a retried request with the first one.
+_VOLATILE = ("ClientToken",)
+
+
+@dataclass
+class Rule:
+    """Answer `action` with an error `times` times (None = always) when `match` holds."""
+
+    action: str
+    code: str
+    status: int = 400
+    times: int | None = 1
+    match: Callable[[dict[str, str]], bool] | None = None
+    hits: int = 0
+
+
+@dataclass
+class Call:
+    """One request seen by the layer."""
+
+    action: str
+    params: dict[str, str]
+    status: int = 0
+
+
+@dataclass
+class LayerState:
+    """Everything the layer remembers; reset per test."""
+
+    rules: list[Rule] = field(default_factory=list)
+    no_capacity: dict[tuple[str, str], str] = field(default_factory=dict)
+    tokens: dict[tuple[str, str], tuple[str, int, list, bytes]] = field(default_factory=dict)
+    prices: list[tuple[str, str, datetime, float]] = field(default_factory=list)
+    calls: list[Call] = field(default_factory=list)
+
+
+class FaultLayer:
+    """WSGI middleware around moto's DomainDispatcherApplication."""
+
+    def __init__(self, app: Callable[..., Any], zone_of_subnet: Callable[[str], str]) -> None:
+        self.app = app
+        self.zone_of_subnet = zone_of_subnet
+        self.lock = threading.Lock()
+        self.state = LayerState()
+
+    # ---------------------------------------------------------------- test API
+
+    def reset(self) -> None:
+        """Forget rules, tokens, prices and calls."""
+        with self.lock:
+            self.state = LayerState()
+
+    def fail(self, action: str, code: str, *, status: int = 400, times: int | None = 1,
+             match: Callable[[dict[str, str]], bool] | None = None) -> Rule:
+        """Make the next `times` calls of action fail with code (S3: action 's3:PUT' etc.)."""
+        rule = Rule(action=action, code=code, status=status, times=times, match=match)
+        with self.lock:
+            self.state.rules.append(rule)
+        return rule
+
+    def set_no_capacity(self, instance_type: str, zone: str,
+                        code: str = "InsufficientInstanceCapacity") -> None:
+        """The pool (type, zone) has no capacity until reset."""
+        with self.lock:
+            self.state.no_capacity[(instance_type, zone)] = code
+
+    def set_prices(self, points: list[tuple[str, str, datetime, float]]) -> None:
+        """Spot price change points (type, zone, ts, usd/h) that DescribeSpotPriceHistory serves."""
+        with self.lock:
+            self.state.prices = list(points)
+
+    def calls(self, action: str | None = None) -> list[Call]:
+        """Requests seen (of one action)."""
+        with self.lock:
+            return [c for c in self.state.calls if action is None or c.action == action]
+
+    # ---------------------------------------------------------------- WSGI
+
+    def __call__(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> Any:
+        length = int(environ.get("CONTENT_LENGTH") or 0)
+        body = environ["wsgi.input"].read(length) if length else b""
+        environ["wsgi.input"] = io.BytesIO(body)
+        params: dict[str, str] = {}
+        if b"Action=" in body[:4096] and environ.get("REQUEST_METHOD") == "POST":
+            params = dict(parse_qsl(body.decode("utf-8"), keep_blank_values=True))
+        action = params.get("Action") or f"s3:{environ.get('REQUEST_METHOD', '')}"
+        call = Call(action=action, params=params)
+        with self.lock:
+            self.state.calls.append(call)
+            rule = self._take_rule(action, params)
+        if rule is not None:
+            call.status = rule.status
+            return self._error(start_response, rule.status, rule.code, bool(params))
+        if action == "DescribeSpotPriceHistory":
+            return self._prices(start_response, params)
+        if action == "RunInstances":
+            zone = self._zone(params, "Placement.AvailabilityZone", "SubnetId")
+            code = self.state.no_capacity.get((params.get("InstanceType", ""), zone))
+            if code:
+                call.status = 500 if code == "InsufficientInstanceCapacity" else 400
+                return self._error(start_response, call.status, code, True)
+        if action in _IDEMPOTENT and params.get("ClientToken"):
+            return self._idempotent(environ, start_response, action, params, call)
+        return self._forward(environ, start_response, action, params, call)
+
+    # ---------------------------------------------------------------- pieces
+
+    def _take_rule(self, action: str, params: dict[str, str]) -> Rule | None:
+        for rule in self.state.rules:
+            if rule.action != action or (rule.times is not None and rule.hits >= rule.times):
+                continue
+            if rule.match is not None and not rule.match(params):
+                continue
+            rule.hits += 1
+            return rule
+        return None
+
+    def _zone(self, params: dict[str, str], zone_key: str, subnet_key: str) -> str:
+        if params.get(zone_key):
+            return params[zone_key]
+        if params.get(subnet_key):
+            return self.zone_of_subnet(params[subnet_key])
+        return ""
+
+    def _idempotent(self, environ, start_response, action, params, call):
+        token = params["ClientToken"]
+        fingerprint = _fingerprint(params)
+        with self.lock:
+            seen = self.state.tokens.get((action, token))
+        if seen is not None:
+            if seen[0] != fingerprint:
+                call.status = 400
+                return self._error(start_response, 400, "IdempotentParameterMismatch", True)
+            call.status = seen[1]
+            start_response(f"{seen[1]} OK", seen[2])
+            return [seen[3]]
+        # AWS serialises calls with one token; so does the layer.
+        with _token_lock(token):
+            with self.lock:
+                seen = self.state.tokens.get((action, token))
+            if seen is not None:
+                return self._idempotent(environ, start_response, action, params, call)
+            status, headers, out = self._run(environ, action, params)
+            call.status = status
+            if status < 400:
+                with self.lock:
+                    self.state.tokens[(action, token)] = (fingerprint, status, headers, out)
+        start_response(f"{status} OK", headers)
+        return [out]
+
+    def _forward(self, environ, start_response, action, params, call):
+        status, headers, out = self._run(environ, action, params)
+        call.status = status
+        start_response(f"{status} {'OK' if status < 400 else 'Error'}", headers)
+        return [out]
+
+    def _run(self, environ, action, params) -> tuple[int, list, bytes]:
+        fleet_errors: list[tuple[dict[str, str], str]] = []
+        if action == "CreateFleet":
+            params, fleet_errors = self._drop_full_pools(params)
+            if not any(k.endswith(".InstanceType") for k in params):
+                return 200, [("Content-Type", "text/xml")], _fleet_only_errors(fleet_errors)
+            body = urlencode(params).encode()
+            environ["wsgi.input"] = io.BytesIO(body)
+            environ["CONTENT_LENGTH"] = str(len(body))
+        captured: dict[str, Any] = {}
+
+        def sr(status: str, headers: list, exc_info: Any = None) -> Callable[[bytes], None]:
+            captured["status"] = int(status.split()[0])
+            captured["headers"] = list(headers)
+            return lambda _b: None
+
+        chunks = self.app(environ, sr)
+        try:
+            out = b"".join(chunks)
+        finally:
+            if hasattr(chunks, "close"):
+                chunks.close()
+        headers = captured["headers"]
+        if fleet_errors and captured["status"] < 400:
+            out = out.replace(b"</CreateFleetResponse>",
+                              _error_set(fleet_errors) + b"</CreateFleetResponse>", 1)
+            # The body grew; a HEAD keeps moto's length, everything else gets the real one.
+            headers = [(k, v) for k, v in headers if k.lower() != "content-length"]
+            headers.append(("Content-Length", str(len(out))))
+        return captured["status"], headers, out
+
+    def _drop_full_pools(self, params: dict[str, str]):
+        """Remove overrides of pools without capacity; renumber the rest."""
+        prefix = "LaunchTemplateConfigs.1.Overrides."
+        overrides: dict[int, dict[str, str]] = {}
+        rest: dict[str, str] = {}
+        for k, v in params.items():
+            if k.startswith(prefix):
+                n, _, sub = k[len(prefix):].partition(".")
+                overrides.setdefault(int(n), {})[sub] = v
+            else:
+                rest[k] = v
+        errors: list[tuple[dict[str, str], str]] = []
+        kept: list[dict[str, str]] = []
+        for n in sorted(overrides):
+            ov = overrides[n]
+            zone = self._zone(ov, "AvailabilityZone", "SubnetId")
+            code = self.state.no_capacity.get((ov.get("InstanceType", ""), zone))
+            if code:
+                errors.append(({**ov, "AvailabilityZone": zone}, code))
+            else:
+                kept.append(ov)
+        for i, ov in enumerate(kept, start=1):
+            for sub, v in ov.items():
+                rest[f"{prefix}{i}.{sub}"] = v
+        return rest, errors
+
+    def _prices(self, start_response, params):
+        types = {v for k, v in params.items() if k.startswith("InstanceType.")}
+        zone = params.get("AvailabilityZone")
+        filters = _filters(params)
+        start = _parse_ts(params.get("StartTime"))
+        end = _parse_ts(params.get("EndTime"))
+        with self.lock:
+            points = list(self.state.prices)
+        rows = []
+        for itype, z, ts, price in sorted(points, key=lambda p: p[2], reverse=True):
+            if types and itype not in types:
+                continue
+            if zone and z != zone:
+                continue
+            if "availability-zone" in filters and z not in filters["availability-zone"]:
+                continue
+            if "instance-type" in filters and itype not in filters["instance-type"]:
+                continue
+            if end and ts > end:
+                continue
+            rows.append((itype, z, ts, price))
+        if start:
+            # AWS includes the point in effect at StartTime, then changes after it.
+            keep, in_effect = [], set()
+            for r in rows:
+                if r[2] >= start:
+                    keep.append(r)
+                elif (r[0], r[1]) not in in_effect:
+                    in_effect.add((r[0], r[1]))
+                    keep.append(r)
+            rows = keep
+        offset = int(params.get("NextToken") or 0)
+        limit = int(params.get("MaxResults") or 1000)
+        page = rows[offset:offset + limit]
+        next_token = str(offset + limit) if offset + limit < len(rows) else ""
+        items = b"".join(
+            b"<item><instanceType>%s</instanceType><productDescription>Linux/UNIX"
+            b"</productDescription><spotPrice>%s</spotPrice><timestamp>%s</timestamp>"
+            b"<availabilityZone>%s</availabilityZone></item>"
+            % (t.encode(), f"{p:.6f}".encode(), _iso(ts).encode(), z.encode())
+            for t, z, ts, p in page)
+        out = (b'<?xml version="1.0" encoding="UTF-8"?><DescribeSpotPriceHistoryResponse xmlns="'
+               + EC2_NS.encode() + b'"><requestId>' + str(uuid.uuid4()).encode()
+               + b"</requestId><spotPriceHistorySet>" + items + b"</spotPriceHistorySet>"
+               + b"<nextToken>" + next_token.encode() + b"</nextToken>"
+               + b"</DescribeSpotPriceHistoryResponse>")
+        start_response("200 OK", [("Content-Type", "text/xml"),
+                                   ("Content-Length", str(len(out)))])
+        return [out]
+
+    @staticmethod
+    def _error(start_response, status: int, code: str, ec2: bool):
+        msg = escape(f"injected by the test layer: {code}")
+        if ec2:
+            out = (f'<?xml version="1.0" encoding="UTF-8"?><Response><Errors><Error><Code>{code}'
+                   f"</Code><Message>{msg}</Message></Error></Errors><RequestID>"
+                   f"{uuid.uuid4()}</RequestID></Response>").encode()
+        else:
+            out = (f'<?xml version="1.0" encoding="UTF-8"?><Error><Code>{code}</Code>'
+                   f"<Message>{msg}</Message></Error>").encode()
+        start_response(f"{status} Error", [("Content-Type", "text/xml"),
+                                           ("Content-Length", str(len(out)))])
+        return [out]
+
+
+_token_locks: dict[str, threading.Lock] = {}
+_token_locks_guard = threading.Lock()
+
+
+def _token_lock(token: str) -> threading.Lock:
+    with _token_locks_guard:
+        return _token_locks.setdefault(token, threading.Lock())
+
+
+def _fingerprint(params: dict[str, str]) -> str:
+    items = sorted((k, v) for k, v in params.items() if k not in _VOLATILE)
+    return hashlib.sha256(repr(items).encode()).hexdigest()
+
+
+def _filters(params: dict[str, str]) -> dict[str, set[str]]:
+    out: dict[str, set[str]] = {}
+    for k, v in params.items():
+        if k.startswith("Filter.") and k.endswith(".Name"):
+            n = k.split(".")[1]
+            vals = {pv for pk, pv in params.items() if pk.startswith(f"Filter.{n}.Value.")}
+            out[v] = vals
+    return out
+
+
+def _parse_ts(text: str | None) -> datetime | None:
+    if not text:
+        return None
+    return datetime.fromisoformat(text.replace("Z", "+00:00")).astimezone(timezone.utc)
+
+
+def _iso(ts: datetime) -> str:
+    return ts.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.000Z")
+
+
+def _error_set(errors: list[tuple[dict[str, str], str]]) -> bytes:
+    items = []
+    for ov, code in errors:
+        items.append(
+            "<item><launchTemplateAndOverrides><overrides>"
+            f"<instanceType>{escape(ov.get('InstanceType', ''))}</instanceType>"
+            f"<availabilityZone>{escape(ov.get('AvailabilityZone', ''))}</availabilityZone>"
+            f"<subnetId>{escape(ov.get('SubnetId', ''))}</subnetId>"
+            "</overrides></launchTemplateAndOverrides><lifecycle>spot</lifecycle>"
+            f"<errorCode>{code}</errorCode><errorMessage>no capacity (test layer)"
+            "</errorMessage></item>")
+    return ("<errorSet>" + "".join(items) + "</errorSet>").encode()
+
+
+def _fleet_only_errors(errors: list[tuple[dict[str, str], str]]) -> bytes:
+    return (b'<?xml version="1.0" encoding="UTF-8"?><CreateFleetResponse xmlns="'
+            + EC2_NS.encode() + b'"><requestId>' + str(uuid.uuid4()).encode()
+            + b"</requestId><fleetId>fleet-" + uuid.uuid4().hex[:17].encode()
+            + b"</fleetId>" + _error_set(errors) + b"<fleetInstanceSet/></CreateFleetResponse>")

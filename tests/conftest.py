@@ -1,0 +1,135 @@
+"""Shared fixtures: a temp SPOTRUN_HOME, hand-made traces, and local markets that are always stopped."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import pytest
+
+from spotrun.market import procs
+from spotrun.market.client import MarketClient, ensure_market, read_live_info, stop_market
+from spotrun.market.options import MarketOptions
+from spotrun.market.state import DB_FILE, MarketState
+
+# An instance workload for tests: records its env, starts the helpers it is told to,
+# and runs until ./stop appears in its cwd (the instance's disk).
+INSTANCE_SCRIPT = r'''
+import json, os, subprocess, sys, time
+json.dump({k: v for k, v in os.environ.items() if k.startswith("SPOTRUN_")},
+          open("env.json", "w"))
+kids = []
+if os.environ.get("TEST_INSTANCE_CHILDREN"):
+    loop = "import time\nwhile True: time.sleep(0.2)"
+    kids.append(subprocess.Popen([sys.executable, "-c", loop]).pid)          # same group
+    kids.append(subprocess.Popen([sys.executable, "-c", loop],
+                                 start_new_session=True).pid)              # own session
+json.dump(kids, open("children.json.tmp", "w"))
+os.replace("children.json.tmp", "children.json")
+while not os.path.exists("stop"):
+    time.sleep(0.05)
+'''
+
+
+@pytest.fixture
+def tmp_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A fresh SPOTRUN_HOME for one test."""
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("SPOTRUN_HOME", str(home))
+    monkeypatch.delenv("SPOTRUN_DB_URL", raising=False)
+    return home
+
+
+@pytest.fixture(scope="session")
+def instance_command(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """`--instance-command` running INSTANCE_SCRIPT (the agent's stand-in in market tests)."""
+    script = tmp_path_factory.mktemp("instance") / "instance.py"
+    script.write_text(INSTANCE_SCRIPT)
+    return f"{sys.executable} {script}"
+
+
+def write_trace(path: Path, pools: dict[str, list[int | None]], tick_s: float = 60.0) -> Path:
+    """Write an availability CSV (tick, elapsed_s, one column per pool; None = blank)."""
+    rows = max(len(v) for v in pools.values())
+    lines = ["tick,elapsed_s," + ",".join(pools)]
+    for i in range(rows):
+        cells = ["" if i >= len(v) or v[i] is None else str(v[i]) for v in pools.values()]
+        lines.append(f"{i},{i * tick_s:g}," + ",".join(cells))
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def write_prices(path: Path, points: list[tuple[str, int, float]]) -> Path:
+    """Write a price change-point CSV from (zone, tick, usd_per_hour)."""
+    lines = ["zone,tick,time_utc,spot_price_usd_per_hour"]
+    lines += [f"{z},{t},,{p}" for z, t, p in points]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def kill_leftovers(state_dir: Path) -> None:
+    """SIGKILL the market of state_dir and every instance process it recorded."""
+    info = read_live_info(state_dir)
+    if info:
+        try:
+            os.kill(int(info["pid"]), signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    if (state_dir / DB_FILE).exists():
+        state = MarketState(state_dir)
+        for rec in state.all():
+            procs.signal_instance(rec.instance_id, rec.pid, rec.pid_start_ticks, signal.SIGKILL)
+        state.close()
+
+
+MarketFactory = Callable[..., MarketClient]
+
+
+@pytest.fixture
+def market_factory(tmp_path: Path, instance_command: str) -> Iterator[MarketFactory]:
+    """Start markets (detached, real processes); each is stopped and cleaned up at teardown."""
+    dirs: list[Path] = []
+
+    def start(state_dir: Path | None = None, **opts: Any) -> MarketClient:
+        opts.setdefault("instance_command", instance_command)
+        opts.setdefault("grace_s", 1.0)
+        if "trace" in opts:
+            opts["trace"] = str(opts["trace"])
+        directory = state_dir or tmp_path / f"market{len(dirs)}"
+        if directory not in dirs:
+            dirs.append(directory)
+        return ensure_market(directory, MarketOptions(**opts))
+
+    yield start
+    for directory in dirs:
+        try:
+            stop_market(directory, timeout_s=10)
+        except Exception:   # teardown must go on: kill whatever is left below
+            pass
+        kill_leftovers(directory)
+
+
+@pytest.fixture
+def local_market(market_factory: MarketFactory, tmp_path: Path) -> MarketClient:
+    """A market on a tiny trace: zone `za` always available, `zb` never; flat spot price."""
+    trace = write_trace(tmp_path / "trace.csv", {"za": [1] * 10, "zb": [0] * 10})
+    return market_factory(trace=trace, spot_price_usd_per_hour=0.9, time_scale=10.0)
+
+
+def wait_for(check: Callable[[], Any], timeout_s: float = 10.0, what: str = "condition") -> Any:
+    """Poll check() until it returns something truthy; fail after a deadline (no fixed sleeps)."""
+    import threading
+    import time
+    deadline = time.monotonic() + timeout_s
+    pause = threading.Event()
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+        pause.wait(0.02)

@@ -1,0 +1,185 @@
+"""End to end on the embedded default: daemon + local market process + agents + real torch.
+
+Reclaims are forced through the market's admin API at chosen progress, so the test is
+deterministic; everything else (market, instances, agent, checkpoints, store, SQLite) is real.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from spotrun.config import load_settings
+from spotrun.daemon.app import build_context, build_runner
+from spotrun.db import Job, attempts_of, session
+from spotrun.jobs import submit, validate_submission
+from spotrun.states import AttemptState, EndReason, JobState
+
+from conftest import kill_leftovers, write_trace
+
+pytestmark = pytest.mark.slow
+REPO = Path(__file__).resolve().parent.parent
+TRAIN_ARGS = "--steps 800 --hidden 64 --samples 2048 --log-every 100"
+
+TOML = """
+[local]
+trace = "{trace}"
+time_scale = 60.0
+[daemon]
+schedule_interval_s = 0.2
+reconcile_interval_s = 0.2
+heartbeat_interval_s = 0.2
+spend_interval_s = 1.0
+liveness_interval_s = 1.0
+heartbeat_timeout_s = 120.0
+[agent]
+heartbeat_interval_s = 0.2
+log_flush_interval_s = 0.5
+"""
+
+
+@pytest.fixture
+def e2e(tmp_home: Path, tmp_path: Path):
+    """A home whose market always has capacity in two zones (reclaims come from the test)."""
+    trace = write_trace(tmp_path / "trace.csv", {"zone-a": [1] * 50, "zone-b": [1] * 50},
+                        tick_s=600.0)
+    (tmp_home / "spotrun.toml").write_text(TOML.format(trace=trace))
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "train.py").write_text((REPO / "configs" / "demo" / "train.py").read_text())
+    spec = tmp_path / "job.yaml"
+    spec.write_text(f"name: e2e\ncommand: python train.py {TRAIN_ARGS}\nworkdir: code\n"
+                    "work: {total_steps: 800}\ncheckpoint: {interval_minutes: 1}\n"
+                    "policy: {market: spot}\n")
+    settings = load_settings(str(tmp_home))
+    ctx = build_context(settings)
+    runner = build_runner(ctx)
+    yield ctx, runner, spec
+    runner.stop(wait=True)
+    kill_leftovers(tmp_home / "market")
+
+
+def reference_sha(tmp_path: Path) -> str:
+    """The final parameters of an uninterrupted run of the same job."""
+    out = subprocess.run([sys.executable, str(REPO / "configs" / "demo" / "train.py"),
+                          *TRAIN_ARGS.split(), "--checkpoint-uri",
+                          (tmp_path / "ref-ckpt").as_uri()],
+                         capture_output=True, text=True, timeout=300, cwd=tmp_path,
+                         env={k: v for k, v in os.environ.items()
+                              if not k.startswith("SPOTRUN_")})
+    assert out.returncode == 0, out.stderr[-2000:]
+    return _sha(out.stdout)
+
+
+def _sha(text: str) -> str:
+    lines = [ln for ln in text.splitlines() if ln.startswith("final-params-sha256: ")]
+    assert lines, text[-2000:]
+    return lines[-1].split(": ", 1)[1].strip()
+
+
+def wait_for(pred, timeout_s: float, what: str):
+    """Poll pred until it returns a truthy value or the deadline passes."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = pred()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def running_attempt(ctx, job_id: str, number: int, min_progress: int):
+    """The attempt `number` once it runs and has made min_progress steps past its start."""
+    def check():
+        with session(ctx.engine) as s:
+            for a in attempts_of(s, job_id):
+                if a.number == number and a.last_step >= a.start_step + min_progress:
+                    assert a.state is AttemptState.RUNNING, f"attempt {number} already {a.state}"
+                    return a
+        return None
+    return wait_for(check, 180, f"attempt {number} to make progress")
+
+
+def finished(ctx, job_id: str) -> Job:
+    def check():
+        with session(ctx.engine) as s:
+            job = s.get(Job, job_id)
+            return job if job.state.is_terminal() else None
+    return wait_for(check, 240, "the job to finish")
+
+
+def job_log(ctx, job: Job) -> str:
+    store = ctx.store_for(job.store_uri)
+    keys = [o.key for o in store.list(f"jobs/{job.id}/logs/")]
+    return "".join(store.get_bytes(k).decode() for k in keys)
+
+
+def test_reclaims_with_notice_resume_bitwise_identical(e2e, tmp_path):
+    ctx, runner, spec = e2e
+    job = submit(validate_submission(spec, ctx.settings), ctx.engine)
+    runner.start()
+    client = ctx.provider.client
+    for number in (1, 2):
+        att = running_attempt(ctx, job.id, number, min_progress=60)
+        client.interrupt(att.instance_id, in_s=120.0, notice=True)  # 2 wall s of notice
+    done = finished(ctx, job.id)
+    runner.stop(wait=True)
+    assert done.state is JobState.SUCCEEDED, done.reason
+    with session(ctx.engine) as s:
+        atts = attempts_of(s, job.id)
+    reclaimed = [a for a in atts if a.end_reason is EndReason.RECLAIMED]
+    assert len(reclaimed) == 2 and all(a.notice_at is not None for a in reclaimed)
+    assert atts[-1].end_reason is EndReason.COMPLETED
+    # Each new instance resumed from the checkpoint the notice triggered, not from zero.
+    assert all(a.start_step > 0 for a in atts[1:])
+    assert len({a.instance_id for a in atts}) == len(atts)
+    assert _sha(job_log(ctx, done)) == reference_sha(tmp_path)
+
+
+def test_kill_without_notice_resumes_from_periodic_checkpoint(e2e, tmp_path):
+    ctx, runner, spec = e2e
+    job = submit(validate_submission(spec, ctx.settings), ctx.engine)
+    runner.start()
+    # Wait for a periodic checkpoint (every market minute = 1 wall s), then kill mid-step.
+    att = running_attempt(ctx, job.id, 1, min_progress=150)
+    wait_for(lambda: _job(ctx, job.id).last_step > 0, 60, "a periodic checkpoint")
+    ctx.provider.client.interrupt(att.instance_id, in_s=0.0, notice=False)
+    done = finished(ctx, job.id)
+    runner.stop(wait=True)
+    assert done.state is JobState.SUCCEEDED, done.reason
+    with session(ctx.engine) as s:
+        atts = attempts_of(s, job.id)
+    first, second = atts[0], atts[1]
+    assert first.end_reason is EndReason.RECLAIMED and first.notice_at is None
+    assert 0 < second.start_step <= first.last_step
+    assert _sha(job_log(ctx, done)) == reference_sha(tmp_path)
+
+
+def _job(ctx, job_id: str) -> Job:
+    with session(ctx.engine) as s:
+        return s.get(Job, job_id)
+
+
+def test_cancel_leaves_no_instance(e2e):
+    ctx, runner, spec = e2e
+    job = submit(validate_submission(spec, ctx.settings), ctx.engine)
+    runner.start()
+    att = running_attempt(ctx, job.id, 1, min_progress=1)
+    from spotrun.jobs import request_cancel
+    request_cancel(ctx.engine, job.id)
+    done = finished(ctx, job.id)
+    assert done.state is JobState.CANCELLED
+    with session(ctx.engine) as s:
+        atts = attempts_of(s, job.id)
+    assert [a.end_reason for a in atts] == [EndReason.CANCELLED]
+    info = ctx.provider.describe(instance_ids=[att.instance_id])[0]
+    assert info.state.is_terminal()
+    # No process of the instance survives (the market marks each with its instance id).
+    from spotrun.market import procs
+    wait_for(lambda: not procs.instance_pids(att.instance_id, None, None), 30,
+             "the instance's processes to exit")

@@ -1,0 +1,99 @@
+"""`spotrun plan`: the sample specs, the table, --json keys and numbers, bad input exits 2."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timezone
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from spotrun.catalog import load_catalog
+from spotrun.cli import cli
+from spotrun.costmodel import CatalogPrices, NoHistory, rank_candidates
+from spotrun.spec import load_spec_file
+from spotrun.zones import DEFAULT_AWS_ZONES
+
+REPO = Path(__file__).resolve().parents[1]
+SAMPLES = sorted((REPO / "configs" / "jobs").glob("*.yaml"))
+KEYS = {"instance_type", "zone", "market", "price_usd_per_hour", "speedup", "progress_fraction",
+        "usd_per_reference_hour", "expected_hours", "expected_usd", "expected_preemptions"}
+
+
+@pytest.fixture
+def home(tmp_path: Path) -> Path:
+    # The aws provider's zones are known without calling it; prices come from the catalog.
+    (tmp_path / "spotrun.toml").write_text('provider = "aws"\nregion = "us-east-1"\n')
+    return tmp_path
+
+
+def _run(home: Path, *args: str):
+    return CliRunner().invoke(cli, ["plan", *args], env={"SPOTRUN_HOME": str(home)})
+
+
+def test_there_are_sample_specs() -> None:
+    names = {p.name for p in SAMPLES}
+    assert {"llama-3b-sft-8gpu.yaml", "small-finetune-1gpu.yaml", "fsdp-7b.yaml"} <= names
+
+
+@pytest.mark.parametrize("path", SAMPLES, ids=lambda p: p.stem)
+def test_json_has_the_issue_keys_and_the_models_numbers(home: Path, path: Path) -> None:
+    res = _run(home, str(path), "--json")
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.output)
+    assert set(out) == {"reference", "candidates", "infeasible"}
+    assert out["candidates"], "every sample has candidates"
+    for row in out["candidates"] + [out["reference"]]:
+        assert set(row) == KEYS
+    for row in out["infeasible"]:
+        assert set(row) == {"instance_type", "reason"} and row["reason"]
+    ranks = [r["usd_per_reference_hour"] for r in out["candidates"]]
+    cat = load_catalog()
+    zones = DEFAULT_AWS_ZONES["us-east-1"]
+    spec = load_spec_file(path, instance_types=cat.names(), zones=zones)
+    plan = rank_candidates(spec, catalog=cat, zones=zones, prices=CatalogPrices(cat, "us-east-1"),
+                           history=NoHistory(), region="us-east-1",
+                           now=datetime.now(timezone.utc))
+    assert out["candidates"] == [c.to_dict() for c in plan.candidates]
+    assert out["reference"]["market"] == "on-demand"
+    assert all(r["expected_hours"] is not None for r in out["candidates"])
+    if spec.policy.deadline is None:
+        assert ranks == sorted(ranks)
+    assert not (home / "spotrun.db").exists()
+
+
+def test_table_shows_reference_first_then_candidates(home: Path) -> None:
+    path = REPO / "configs" / "jobs" / "fsdp-7b.yaml"
+    res = _run(home, str(path), "--top", "5")
+    assert res.exit_code == 0, res.output
+    lines = res.output.splitlines()
+    ref = next(i for i, ln in enumerate(lines) if ln.strip().startswith("ref "))
+    first = next(i for i, ln in enumerate(lines) if ln.strip().startswith("1 "))
+    assert ref < first
+    assert "p4d.24xlarge" in lines[ref] and " od " in lines[ref]
+    assert "$/ref-h" in res.output and "cannot run the job" in res.output
+    assert "g5.48xlarge" in res.output   # infeasible with its memory reason
+    best = json.loads(_run(home, str(path), "--json").output)["candidates"][0]
+    assert best["instance_type"] in lines[first] and best["zone"] in lines[first]
+
+
+def test_bad_spec_exits_2_naming_the_field(home: Path, tmp_path_factory) -> None:
+    specs = tmp_path_factory.mktemp("specs")
+    bad = specs / "bad.yaml"
+    bad.write_text("name: x\ncommand: y\nresources: {gpus: 0}\n")
+    res = _run(home, str(bad))
+    assert res.exit_code == 2
+    assert "resources.gpus" in res.output and "Traceback" not in res.output
+    unknown = specs / "zone.yaml"
+    unknown.write_text("name: x\ncommand: y\nresources: {zones: [mars-1a]}\n")
+    assert _run(home, str(unknown)).exit_code == 2
+    assert _run(home, str(SAMPLES[0]), "--zones", "mars-1a").exit_code == 2
+    assert sorted(p.name for p in home.iterdir()) == ["spotrun.toml"]
+
+
+def test_zones_option_limits_the_pools(home: Path) -> None:
+    path = REPO / "configs" / "jobs" / "small-finetune-1gpu.yaml"
+    res = _run(home, str(path), "--json", "--zones", "us-east-1a,us-east-1f")
+    assert res.exit_code == 0, res.output
+    assert {r["zone"] for r in json.loads(res.output)["candidates"]} == {"us-east-1a", "us-east-1f"}

@@ -1,0 +1,156 @@
+"""The Provider contract, run against every implementation in HARNESSES.
+
+Adding a provider = one line in HARNESSES: a function returning a Harness (the
+provider, pools it can and cannot fill, and a way to force a reclaim).
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Callable, Iterator
+
+import pytest
+from conftest import MarketFactory, wait_for, write_trace
+
+from spotrun.errors import CapacityError
+from spotrun.providers import InstanceInfo, LaunchRequest, Pool, Provider
+from spotrun.providers.local import LocalProvider
+from spotrun.states import InstanceState, Market, TerminationCause
+
+
+@dataclass
+class Harness:
+    """A provider under test and what the contract needs to know about its world."""
+
+    provider: Provider
+    spot_ok: Pool                 # a spot pool with capacity
+    spot_full: Pool               # a spot pool without capacity
+    on_demand: Pool
+    force_reclaim: Callable[[str], None]   # reclaim this spot instance now (with notice)
+
+
+def _local(request: pytest.FixtureRequest, tmp_path: Path) -> Harness:
+    factory: MarketFactory = request.getfixturevalue("market_factory")
+    trace = write_trace(tmp_path / "contract.csv", {"us-east-1a": [1] * 8,
+                                                    "us-east-1b": [0] * 8}, 60.0)
+    client = factory(trace=trace, spot_price_usd_per_hour=0.9, time_scale=20.0)
+    return Harness(provider=LocalProvider(client),
+                   spot_ok=Pool("p3.2xlarge", "us-east-1a", Market.SPOT),
+                   spot_full=Pool("p3.2xlarge", "us-east-1b", Market.SPOT),
+                   on_demand=Pool("p3.2xlarge", "us-east-1b", Market.ON_DEMAND),
+                   force_reclaim=lambda iid: client.interrupt(iid, in_s=0, notice=False) and None)
+
+
+HARNESSES: dict[str, Callable[[pytest.FixtureRequest, Path], Harness]] = {
+    "local": _local,
+}
+
+
+@pytest.fixture(params=sorted(HARNESSES))
+def harness(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Harness]:
+    """One Harness per provider implementation."""
+    yield HARNESSES[request.param](request, tmp_path)
+
+
+def _request(*pools: Pool, token: str | None = None) -> LaunchRequest:
+    job = "job-" + uuid.uuid4().hex[:8]
+    return LaunchRequest(job_id=job, attempt_number=1, client_token=token or uuid.uuid4().hex,
+                         candidates=tuple(pools), user_data='{"contract": true}',
+                         tags={"suite": "contract"})
+
+
+def _launch(h: Harness, *pools: Pool, token: str | None = None) -> InstanceInfo:
+    return h.provider.launch(h.provider.plan_launch(_request(*pools, token=token)))
+
+
+def _one(h: Harness, iid: str) -> InstanceInfo:
+    [info] = h.provider.describe(instance_ids=[iid])
+    return info
+
+
+def test_is_a_provider_with_zones_and_an_aware_clock(harness: Harness) -> None:
+    p = harness.provider
+    assert isinstance(p, Provider) and p.name
+    assert harness.spot_ok.zone in p.zones() and harness.spot_full.zone in p.zones()
+    a = p.now()
+    assert a.tzinfo is not None and wait_for(lambda: p.now() > a, what="clock moves")
+
+
+def test_plan_is_a_description_and_repeatable(harness: Harness) -> None:
+    req = _request(harness.spot_ok)
+    plan = harness.provider.plan_launch(req)
+    assert plan == harness.provider.plan_launch(req)
+    assert plan.provider == harness.provider.name and plan.calls
+    assert "contract" not in str(plan.to_dict()["request"]["user_data"])
+    assert harness.provider.describe(job_id=req.job_id) == []    # planning launched nothing
+
+
+def test_spot_launch_describe_by_job_and_tags(harness: Harness) -> None:
+    req = _request(harness.spot_full, harness.spot_ok)
+    info = harness.provider.launch(harness.provider.plan_launch(req))
+    assert (info.instance_type, info.zone, info.market) == (harness.spot_ok.instance_type,
+                                                             harness.spot_ok.zone, Market.SPOT)
+    assert info.state in (InstanceState.PENDING, InstanceState.RUNNING)
+    assert info.launched_at.tzinfo is not None and info.price_usd_per_hour
+    [seen] = harness.provider.describe(job_id=req.job_id)
+    assert seen.instance_id == info.instance_id and seen.tags["suite"] == "contract"
+    assert seen.tags["spotrun:job"] == req.job_id
+
+
+def test_capacity_error_when_no_candidate_has_room(harness: Harness) -> None:
+    req = _request(harness.spot_full)
+    with pytest.raises(CapacityError):
+        harness.provider.launch(harness.provider.plan_launch(req))
+    assert harness.provider.describe(job_id=req.job_id) == []
+
+
+def test_on_demand_launches_where_spot_is_full(harness: Harness) -> None:
+    info = _launch(harness, harness.on_demand)
+    assert info.market is Market.ON_DEMAND and info.zone == harness.on_demand.zone
+    assert info.price_usd_per_hour == harness.provider.on_demand_price(
+        harness.on_demand.instance_type)
+
+
+def test_client_token_never_starts_two(harness: Harness) -> None:
+    req = _request(harness.spot_ok)
+    plan = harness.provider.plan_launch(req)
+    a = harness.provider.launch(plan)
+    b = harness.provider.launch(plan)
+    assert a.instance_id == b.instance_id
+    assert len(harness.provider.describe(job_id=req.job_id)) == 1
+
+
+def test_terminate_is_idempotent_and_books_user(harness: Harness) -> None:
+    info = _launch(harness, harness.on_demand)
+    harness.provider.terminate(info.instance_id)
+    harness.provider.terminate(info.instance_id)
+    harness.provider.terminate("i-0123456789abcdef0")        # unknown: not an error
+    done = wait_for(lambda: _one(harness, info.instance_id).state.is_terminal() and
+                    _one(harness, info.instance_id), what="terminated")
+    assert done.cause is TerminationCause.USER and done.ended_at is not None
+    assert done.ended_at >= done.launched_at
+
+
+def test_reclaim_is_reported_as_spot_reclaim(harness: Harness) -> None:
+    info = _launch(harness, harness.spot_ok)
+    harness.force_reclaim(info.instance_id)
+    done = wait_for(lambda: _one(harness, info.instance_id).state.is_terminal() and
+                    _one(harness, info.instance_id), what="reclaimed")
+    assert done.cause is TerminationCause.SPOT_RECLAIM
+
+
+def test_prices(harness: Harness) -> None:
+    p = harness.provider
+    spot = p.spot_price(harness.spot_ok.instance_type, harness.spot_ok.zone)
+    od = p.on_demand_price(harness.on_demand.instance_type)
+    assert spot is not None and 0 < spot < od
+    now = p.now()
+    hist = p.price_history(harness.spot_ok.instance_type, [harness.spot_ok.zone],
+                           now - timedelta(hours=1), now)
+    assert hist and all(pt.zone == harness.spot_ok.zone for pt in hist)
+    assert [pt.ts for pt in hist] == sorted(pt.ts for pt in hist)
+    assert all(pt.ts <= now + timedelta(seconds=1) for pt in hist)
+    assert datetime(2000, 1, 1, tzinfo=timezone.utc) < hist[0].ts
