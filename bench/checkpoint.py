@@ -45,7 +45,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--device", default="cpu", help="cpu, or cuda (pinned snapshot buffer)")
     p.add_argument("--baseline-steps", type=int, default=6)
     p.add_argument("--checkpoints", type=int, default=2, help="checkpoints per method")
-    p.add_argument("--max-steps-in-flight", type=int, default=60)
+    p.add_argument("--max-in-flight-s", type=float, default=120.0,
+                   help="keep training at most this long while a write is in flight")
     p.add_argument("--dir", default=None, help="scratch directory on the disk to measure")
     p.add_argument("--skip-dcp", action="store_true")
     p.add_argument("--json", dest="json_out", default=None, help="also write results here")
@@ -145,10 +146,9 @@ def run_method(w: Workload, base_s: float, args: argparse.Namespace,
         handle = start(k)
         stall = time.perf_counter() - t
         extra = 0.0
-        n = 0
-        while busy(handle) and n < args.max_steps_in_flight:
+        until = time.perf_counter() + args.max_in_flight_s
+        while busy(handle) and time.perf_counter() < until:
             extra += w.step() - base_s
-            n += 1
         t = time.perf_counter()
         finish(handle)
         extra += time.perf_counter() - t
@@ -329,7 +329,7 @@ def report(out: dict[str, Any]) -> None:
     checks = {"restored state is bitwise identical": out["restore"]["exact"],
               "stall <= 5% of torch.save": sp["stall_s"] <= 0.05 * ts["stall_s"],
               "one buffer, allocated once": sp["buffer_allocations_after_emergency"] == 1
-              and sp["buffer_bytes"] <= 1.06 * out["state_bytes"]}
+              and sp["buffer_bytes"] <= 1.01 * out["state_bytes"]}
     if dc:
         checks["stall <= async_save's"] = sp["stall_s"] <= dc["stall_s"]
         checks["added <= async_save's"] = sp["added_s"] <= dc["added_s"]

@@ -43,6 +43,10 @@ class DaemonSettings:
     launch_timeout_s: float = 600.0      # no running instance this long after launch
     liveness_interval_s: float = 5.0     # how often the daemon proves it is alive to agents
     deadman_timeout_s: float = 1800.0    # agents shut down after this much daemon silence
+    lease_ttl_s: float = 30.0            # a daemon lease not renewed this long is free
+    lease_renew_interval_s: float = 5.0  # how often the lease holder renews it
+    orphan_interval_s: float = 10.0      # how often the orphan sweeper looks
+    orphan_grace_s: float = 60.0         # an unowned spotrun instance lives this long first
 
 
 @dataclass(frozen=True)

@@ -198,6 +198,9 @@ def init_db(engine: Engine) -> None:
         if s.get(Meta, "schema_version") is None:
             s.add(Meta(key="schema_version", value=str(SCHEMA_VERSION)))
             s.commit()
+    # A database made by an older spotrun gains the columns added since (spotrun.migrations).
+    from spotrun.migrations import upgrade
+    upgrade(engine)
 
 
 def open_db(url: str) -> Engine:

@@ -19,7 +19,8 @@ def local_trace_path(settings: Settings) -> Path:
     """The availability trace the local market replays (the packaged demo extract by default)."""
     if settings.local.trace:
         return Path(settings.local.trace)
-    return Path(str(resources.files("spotrun.data").joinpath("traces", "demo_availability.csv")))
+    from spotrun.market.options import DEMO_TRACE
+    return Path(str(resources.files("spotrun.data").joinpath("traces", DEMO_TRACE)))
 
 
 def known_zones(settings: Settings) -> list[str]:

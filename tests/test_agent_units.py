@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import sys
+
 import json
 import urllib.error
 import urllib.request
@@ -235,7 +238,9 @@ def test_child_env_layers_and_contract_variables(tmp_path):
     env = child_env(cfg, base={"A": "os", "PATH": "/bin", "SPOTRUN_TOTAL_STEPS": "stale"},
                     secrets={"TOKEN": "v"}, resume_checkpoint=None,
                     progress_file=Path("rel/progress.json"))
-    assert env["A"] == "job" and env["PATH"] == "/bin" and env["TOKEN"] == "v"
+    assert env["A"] == "job" and env["TOKEN"] == "v"
+    # The agent's own interpreter comes first on PATH, so `python` in the command is it.
+    assert env["PATH"] == f"{Path(sys.executable).parent}{os.pathsep}/bin"
     assert env["SPOTRUN_JOB_ID"] == cfg.job_id and env["SPOTRUN_ATTEMPT"] == "3"
     assert env["SPOTRUN_GPUS"] == "8" and env["SPOTRUN_RESUME_CHECKPOINT"] == ""
     assert "SPOTRUN_TOTAL_STEPS" not in env and "SPOTRUN_CHECKPOINT_INTERVAL_S" not in env

@@ -16,7 +16,9 @@ import pytest
 
 from spotrun.config import load_settings
 from spotrun.daemon.app import build_context, build_runner
-from spotrun.db import Job, attempts_of, session
+from sqlmodel import select
+
+from spotrun.db import Event, Job, attempts_of, session
 from spotrun.jobs import submit, validate_submission
 from spotrun.states import AttemptState, EndReason, JobState
 
@@ -139,6 +141,14 @@ def test_reclaims_with_notice_resume_bitwise_identical(e2e, tmp_path):
     assert all(a.start_step > 0 for a in atts[1:])
     assert len({a.instance_id for a in atts}) == len(atts)
     assert _sha(job_log(ctx, done)) == reference_sha(tmp_path)
+    # The job's history walks the lifecycle: queued -> running -> recovering -> ... -> succeeded.
+    with session(ctx.engine) as s:
+        kinds = [e.kind for e in s.exec(select(Event).where(Event.job_id == job.id)
+                                        .order_by(Event.id))]
+    lifecycle = [k for k in kinds if k in ("submitted", "running", "notice",
+                                           "attempt_reclaimed", "recovering", "succeeded")]
+    assert lifecycle == ["submitted"] + ["running", "notice", "attempt_reclaimed",
+                                         "recovering"] * 2 + ["running", "succeeded"]
 
 
 def test_kill_without_notice_resumes_from_periodic_checkpoint(e2e, tmp_path):

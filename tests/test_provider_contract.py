@@ -1,7 +1,8 @@
 """The Provider contract, run against every implementation in HARNESSES.
 
 Adding a provider = one line in HARNESSES: a function returning a Harness (the
-provider, pools it can and cannot fill, and a way to force a reclaim).
+provider, pools it can and cannot fill, and a way to force a reclaim). `local` runs a
+market process; `aws` runs real boto3 against moto on 127.0.0.1 (tests/aws).
 """
 
 from __future__ import annotations
@@ -13,10 +14,13 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 import pytest
+from aws.moto_fixtures import MotoServer, moto, moto_server, moto_settings  # noqa: F401
 from conftest import MarketFactory, wait_for, write_trace
 
+from spotrun.aws_clients import make_client
 from spotrun.errors import CapacityError
 from spotrun.providers import InstanceInfo, LaunchRequest, Pool, Provider
+from spotrun.providers.aws import AwsProvider
 from spotrun.providers.local import LocalProvider
 from spotrun.states import InstanceState, Market, TerminationCause
 
@@ -44,8 +48,25 @@ def _local(request: pytest.FixtureRequest, tmp_path: Path) -> Harness:
                    force_reclaim=lambda iid: client.interrupt(iid, in_s=0, notice=False) and None)
 
 
+def _aws(request: pytest.FixtureRequest, tmp_path: Path) -> Harness:
+    # moto behind the fault layer on 127.0.0.1: 1b has no g5 spot capacity, prices injected.
+    server: MotoServer = request.getfixturevalue("moto")
+    ec2 = make_client("ec2", region="us-east-1", endpoint_url=server.url)
+    server.layer.set_no_capacity("g5.xlarge", "us-east-1b")
+    now = datetime.now(timezone.utc)
+    server.layer.set_prices([("g5.xlarge", "us-east-1a", now - timedelta(minutes=40), 0.41),
+                             ("g5.xlarge", "us-east-1a", now - timedelta(minutes=5), 0.43)])
+    provider = AwsProvider.from_settings(moto_settings(server, ec2, str(tmp_path / "home")))
+    return Harness(provider=provider,
+                   spot_ok=Pool("g5.xlarge", "us-east-1a", Market.SPOT),
+                   spot_full=Pool("g5.xlarge", "us-east-1b", Market.SPOT),
+                   on_demand=Pool("g5.xlarge", "us-east-1c", Market.ON_DEMAND),
+                   force_reclaim=server.reclaim)
+
+
 HARNESSES: dict[str, Callable[[pytest.FixtureRequest, Path], Harness]] = {
     "local": _local,
+    "aws": _aws,
 }
 
 

@@ -78,16 +78,26 @@ def audit(jobs: tuple[str, ...], since: str | None, until: str | None, as_json: 
 
 
 def _table(result) -> None:
-    t = Table(title="spend audit (USD)")
-    for key, header in TABLE_COLUMNS:
-        t.add_column(header, justify="left" if key in ("id", "state") else "right")
-    for job in result:
-        row = flat(job)
-        t.add_row(*[cell(k, row.get(k)) for k, _ in TABLE_COLUMNS])
+    console = Console()
+    rows = [flat(job) for job in result]
     if len(result) != 1:
-        tot = totals(result)
-        t.add_row(*[cell(k, tot.get(k)) for k, _ in TABLE_COLUMNS], style="bold")
-    Console().print(t)
+        rows.append(totals(result))
+    if len(rows) <= 4:
+        # Few jobs: one column per job, one row per figure, readable in 80 columns.
+        t = Table(title="spend audit (USD)")
+        t.add_column("")
+        for row in rows:
+            t.add_column(str(row.get("id")), justify="right")
+        for key, header in TABLE_COLUMNS[1:]:
+            t.add_row(header, *[cell(key, row.get(key)) for row in rows])
+    else:
+        t = Table(title="spend audit (USD)")
+        for key, header in TABLE_COLUMNS:
+            t.add_column(header, justify="left" if key in ("id", "state") else "right")
+        for i, row in enumerate(rows):
+            t.add_row(*[cell(k, row.get(k)) for k, _ in TABLE_COLUMNS],
+                      style="bold" if i == len(result) else None)
+    console.print(t)
     notes = [f"{j.id}: {n}" for j in result for n in j.notes]
     for n in notes:
         click.echo(f"note: {n}")

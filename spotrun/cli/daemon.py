@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 import click
 
 from spotrun.cli.common import echo_json, get_settings
@@ -10,24 +12,37 @@ from spotrun.cli.common import echo_json, get_settings
 @click.command()
 @click.option("--once", is_flag=True, help="Run every loop one time and exit.")
 @click.option("--check", is_flag=True,
-              help="Health check: the database opens and the provider answers; exit 0/1.")
+              help="Health check: a daemon holds this database's lease now; exit 0/1 "
+                   "with the reason.")
 def daemon(once: bool, check: bool) -> None:
     """Run the daemon in the foreground (logs: JSON lines on stdout).
 
-    SIGTERM or Ctrl-C stops it cleanly after the loop in progress; SIGHUP reloads.
-    Killing it never kills an instance: a restarted daemon reconciles and carries on.
+    One daemon per database: a second one waits for the lease. SIGTERM or Ctrl-C
+    stops it cleanly after the loop in progress; SIGHUP reloads the [daemon] and
+    [agent] settings of spotrun.toml. Killing it never kills an instance: a
+    restarted daemon reconciles and carries on.
     """
-    from spotrun.daemon.app import build_context, build_runner, configure_logging
-
     settings = get_settings()
-    configure_logging()
-    ctx = build_context(settings)
     if check:
-        ok = {"database": True, "provider": ctx.provider.name, "zones": ctx.provider.zones()}
-        echo_json(ok)
-        return
-    runner = build_runner(ctx)
+        from spotrun.daemon.service import health
+        ok, reason, detail = health(settings)
+        echo_json({"ok": ok, "reason": reason, **detail})
+        sys.exit(0 if ok else 1)
+    from spotrun.daemon.app import build_context, build_runner, configure_logging
+    configure_logging()
     if once:
-        runner.run_once()
+        from spotrun.daemon.lease import Lease
+        ctx = build_context(settings)
+        lease = Lease(ctx.engine, ttl_s=settings.daemon.lease_ttl_s)
+        if not lease.try_acquire():
+            holder = lease.holder()
+            click.echo(f"error: daemon {holder.owner if holder else '?'} holds the lease; "
+                       "--once would race it", err=True)
+            sys.exit(1)
+        try:
+            build_runner(ctx, lease=lease).run_once()
+        finally:
+            lease.release()
         return
-    runner.serve_forever()
+    from spotrun.daemon.service import serve
+    sys.exit(serve(settings))

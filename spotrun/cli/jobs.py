@@ -132,11 +132,11 @@ def print_timeline(console: Console, d: dict[str, Any], events: list[Event]) -> 
     console.print(f"[bold]{d['id']}[/bold]  state [bold]{d['state']}[/bold]  step {prog}"
                   + (f"  ({d['reason']})" if d["reason"] else ""))
     t = Table(title="attempts")
-    for col in ("#", "market", "type", "zone", "$/h", "started", "ended", "steps", "end"):
-        t.add_column(col)
+    for col in ("#", "pool", "$/h", "ran", "steps", "end"):
+        t.add_column(col, no_wrap=True)
     for a in d["attempts"]:
-        t.add_row(str(a["number"]), a["market"], a["instance_type"], a["zone"],
-                  f"{a['price_usd_per_hour']:.3f}", _t(a["started_at"]), _t(a["ended_at"]),
+        t.add_row(str(a["number"]), f"{a['instance_type']} {a['zone']} {a['market']}",
+                  f"{a['price_usd_per_hour']:.3f}", _span(a["started_at"], a["ended_at"]),
                   f"{a['start_step']}->{a['last_step']}", a["end_reason"] or a["state"])
     console.print(t)
     if events:
@@ -149,8 +149,12 @@ def print_timeline(console: Console, d: dict[str, Any], events: list[Event]) -> 
         console.print(e)
 
 
-def _t(v: Any) -> str:
-    return v.strftime("%m-%d %H:%M:%S") if v else "-"
+def _span(start: Any, end: Any) -> str:
+    """Run time in the provider's clock, as h:mm:ss."""
+    if not start or not end:
+        return "-"
+    secs = int((end - start).total_seconds())
+    return f"{secs // 3600}:{secs % 3600 // 60:02d}:{secs % 60:02d}"
 
 
 @click.command()

@@ -11,6 +11,8 @@ import structlog
 from spotrun.config import Settings
 from spotrun.daemon.context import Clock, DaemonContext, SystemClock
 from spotrun.daemon.heartbeats import HeartbeatLoop, LivenessLoop
+from spotrun.daemon.lease import Lease, LeaseGuard
+from spotrun.daemon.orphans import OrphanLoop
 from spotrun.daemon.reconcile import ReconcileLoop
 from spotrun.daemon.runner import Runner, Scheduled
 from spotrun.daemon.scheduler import SchedulerLoop
@@ -49,7 +51,8 @@ def build_loops(ctx: DaemonContext) -> list[Scheduled]:
     loops = [Scheduled(LivenessLoop(ctx), d.liveness_interval_s),
              Scheduled(SchedulerLoop(ctx), d.schedule_interval_s),
              Scheduled(ReconcileLoop(ctx), d.reconcile_interval_s),
-             Scheduled(HeartbeatLoop(ctx), d.heartbeat_interval_s)]
+             Scheduled(HeartbeatLoop(ctx), d.heartbeat_interval_s),
+             Scheduled(OrphanLoop(ctx), d.orphan_interval_s)]
     try:
         from spotrun.daemon.spend import SpendLoop
     except ImportError:
@@ -63,6 +66,9 @@ def build_loops(ctx: DaemonContext) -> list[Scheduled]:
     return loops
 
 
-def build_runner(ctx: DaemonContext) -> Runner:
-    """A runner over every loop."""
-    return Runner(build_loops(ctx), clock=ctx.clock)
+def build_runner(ctx: DaemonContext, lease: Lease | None = None) -> Runner:
+    """A runner over every loop (each ticking only while lease is held, when one is given)."""
+    loops = build_loops(ctx)
+    if lease is not None:
+        loops = [Scheduled(LeaseGuard(item.loop, lease), item.interval_s) for item in loops]
+    return Runner(loops, clock=ctx.clock)

@@ -36,17 +36,23 @@ def choose(spec: JobSpec, provider: Provider, settings: Any, engine: Engine, *,
                            history=DbHistory(engine), region=settings.region, now=provider.now(),
                            job_id=job_id, steps_done=steps_done)
     view = _market_view(provider, sorted({c.instance_type for c in plan.candidates}))
+    return launchable(plan.candidates, spec, allow_on_demand=allow_on_demand, available=view)
+
+
+def launchable(candidates: list[Candidate], spec: JobSpec, *, allow_on_demand: bool,
+               available: dict[tuple[str, str], bool] | None = None) -> list[Choice]:
+    """The ranked candidates a launch may try, in order (pure)."""
     # Without a deadline, "auto" waits for spot rather than paying on-demand; the deadline
     # policy decides when on-demand becomes the choice.
     od_ok = spec.policy.market is MarketPolicy.ON_DEMAND or (
         spec.policy.market is MarketPolicy.AUTO and allow_on_demand)
     out: list[Choice] = []
     od_types: set[str] = set()
-    for c in plan.candidates:
+    for c in candidates:
         if c.market is Market.SPOT:
             if spec.policy.market is MarketPolicy.ON_DEMAND:
                 continue
-            if view is not None and not view.get((c.instance_type, c.zone), True):
+            if available is not None and not available.get((c.instance_type, c.zone), True):
                 continue
         else:
             if not od_ok or c.instance_type in od_types:

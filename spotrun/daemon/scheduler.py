@@ -15,6 +15,7 @@ from sqlmodel import select
 
 
 from spotrun.agent.config import AgentConfig
+from spotrun.config import Settings
 from spotrun.daemon.choose import Choice, choose
 from spotrun.daemon.context import DaemonContext
 from spotrun.db import Attempt, Job, add_event, attempts_of, session
@@ -216,28 +217,30 @@ class SchedulerLoop:
         return price if price is not None else self.ctx.provider.on_demand_price(
             pool.instance_type)
 
-    # ------------------------------------------------------------ agent config
-
     def agent_config(self, job: Job, attempt: Attempt) -> AgentConfig:
         """The user data for an attempt's instance."""
-        spec = spec_from_dict(job.spec)
-        st = self.ctx.settings
-        scale = st.local.time_scale if self.ctx.provider.name == "local" else 1.0
-        interval_s = None
-        if spec.checkpoint.interval_minutes is not None:
-            interval_s = spec.checkpoint.interval_minutes * 60.0 / scale
-        elif attempt.checkpoint_interval_s:
-            interval_s = attempt.checkpoint_interval_s / scale  # Young/Daly, from the model
-        return AgentConfig(
-            job_id=job.id, attempt=attempt.number, store_uri=job.store_uri,
-            checkpoint_uri=job.checkpoint_uri, command=spec.command, env=dict(spec.env),
-            secrets=dict(spec.secrets), bundle_key=job.bundle_key, gpus=attempt.gpus,
-            total_steps=spec.work.total_steps, checkpoint_interval_s=interval_s,
-            checkpoint_keep=spec.checkpoint.keep, time_scale=scale,
-            heartbeat_interval_s=st.agent.heartbeat_interval_s,
-            notice_poll_interval_s=st.agent.notice_poll_interval_s,
-            log_flush_interval_s=st.agent.log_flush_interval_s,
-            deadman_timeout_s=st.daemon.deadman_timeout_s, region=st.region)
+        return build_agent_config(self.ctx.settings, self.ctx.provider.name, job, attempt)
 
 
-
+def build_agent_config(settings: Settings, provider_name: str, job: Job,
+                       attempt: Attempt) -> AgentConfig:
+    """The agent's configuration for one attempt (the instance's user data)."""
+    spec = spec_from_dict(job.spec)
+    st = settings
+    # The local market runs faster than the wall; agents time things in wall seconds.
+    scale = st.local.time_scale if provider_name == "local" else 1.0
+    interval_s = None
+    if spec.checkpoint.interval_minutes is not None:
+        interval_s = spec.checkpoint.interval_minutes * 60.0 / scale
+    elif attempt.checkpoint_interval_s:
+        interval_s = attempt.checkpoint_interval_s / scale  # Young/Daly, from the model
+    return AgentConfig(
+        job_id=job.id, attempt=attempt.number, store_uri=job.store_uri,
+        checkpoint_uri=job.checkpoint_uri, command=spec.command, env=dict(spec.env),
+        secrets=dict(spec.secrets), bundle_key=job.bundle_key, gpus=attempt.gpus,
+        total_steps=spec.work.total_steps, checkpoint_interval_s=interval_s,
+        checkpoint_keep=spec.checkpoint.keep, time_scale=scale,
+        heartbeat_interval_s=st.agent.heartbeat_interval_s,
+        notice_poll_interval_s=st.agent.notice_poll_interval_s,
+        log_flush_interval_s=st.agent.log_flush_interval_s,
+        deadman_timeout_s=st.daemon.deadman_timeout_s, region=st.region)

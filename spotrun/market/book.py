@@ -107,6 +107,9 @@ class MarketBook:
     def price_points(self, instance_type: str, zone: str, pos0: float,
                      pos1: float) -> list[PricePointPos]:
         """Spot price change points in (pos0, pos1], plus the price in effect at pos0."""
+        # Clock arithmetic leaves positions like -1e-13 for row 0; that must not read the
+        # previous cycle's last row.
+        pos0, pos1 = round(pos0, 6), round(pos1, 6)
         j = self.zone_index(zone)
         first = self.spot_price(instance_type, zone, pos0)
         if j < 0 or first is None:

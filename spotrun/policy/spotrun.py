@@ -22,6 +22,13 @@ class _PoolModel:
         seen = market.now + 1
         self.prod_fraction = float(np.maximum(lengths - changeover_ticks, 0).sum()) / seen
 
+    def median_remaining(self, age: int) -> float:
+        """Median of stretch - age over stretches longer than age; age when none was seen."""
+        i = int(np.searchsorted(self.lengths, age, side="right"))
+        if i >= self.n:
+            return float(age)
+        return float(np.median(self.lengths[i:])) - age
+
     def expected_remaining(self, age: int) -> float:
         """E[stretch - age | stretch > age] in ticks; `age` itself when nothing longer was seen."""
         i = int(np.searchsorted(self.lengths, age, side="right"))
@@ -75,7 +82,8 @@ class SpotrunPolicy(SafePolicy):
                 best_j, best_cost, best_prod = j, cost, prod
         if on_spot:
             i = market.pools.index(job.pool)
-            if best_j != i and (price[i] - price[best_j]) * min(best_prod, r) > \
+            med = self._model(market, best_j, c).median_remaining(market.age_ticks(best_j))
+            if best_j != i and (price[i] - price[best_j]) * min(med - c, r) > \
                     self.move * c * price[best_j] and slack - (c + 1) >= r * need + c + 1:
                 return Decision(Mode.SPOT, market.pools[best_j])
             return job.current

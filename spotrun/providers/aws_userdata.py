@@ -9,6 +9,7 @@ reads it back (used by the test harness, and by anyone debugging an instance).
 from __future__ import annotations
 
 import base64
+import json
 import shlex
 
 import yaml
@@ -20,6 +21,8 @@ UNIT_PATH = "/etc/systemd/system/spotrun-agent.service"
 VENV = "/opt/spotrun"
 MAX_USER_DATA_BYTES = 16 * 1024     # EC2's limit on raw user data
 AGENT_MARKER = "# spotrun-agent-config: "   # same marker as spotrun.agent.userdata
+# Run by the agent after exit.json: the attempt is over, so is the instance.
+SHUTDOWN_COMMAND = "shutdown -h now"
 
 # The same text is in systemd/spotrun-agent.service (a test keeps them equal).
 AGENT_UNIT = """\
@@ -30,10 +33,16 @@ After=network-online.target cloud-final.service
 
 [Service]
 Type=simple
-ExecStart=/opt/spotrun/bin/spotrun agent --user-data /etc/spotrun/agent.json
-# The agent itself powers the instance off when the job ends (shutdown behaviour is
-# terminate); a crashed agent is restarted rather than leaving an idle instance.
-Restart=on-failure
+# Root, not a dedicated user: when the attempt ends the agent powers the instance off
+# (shutdown_command; shutdown behaviour is terminate, so that ends the bill), which needs
+# root. The instance exists for this one job, so there is no other tenant to protect.
+StateDirectory=spotrun
+WorkingDirectory=/var/lib/spotrun
+ExecStart=/opt/spotrun/bin/spotrun agent --user-data /etc/spotrun/agent.json --dir /var/lib/spotrun
+# The agent exits with the job's exit code once it has reported it and asked for power-off.
+# A failed command must not be rerun here (the daemon decides restarts, with a new attempt),
+# so only an agent that died abnormally (signal, core dump, timeout) is restarted.
+Restart=on-abnormal
 RestartSec=5
 KillMode=mixed
 TimeoutStopSec=150
@@ -44,11 +53,27 @@ WantedBy=multi-user.target
 """
 
 
+def with_shutdown_command(agent_json: str) -> str:
+    """The agent config with `shutdown_command` set to power off, unless one is set already."""
+    try:
+        cfg = json.loads(agent_json)
+    except ValueError:
+        raise ProviderError("the agent config is not JSON", field="user_data") from None
+    if not isinstance(cfg, dict):
+        raise ProviderError("the agent config is not a JSON object", field="user_data")
+    if cfg.get("shutdown_command"):
+        return agent_json
+    # Without this an agent that finished would leave a paid, idle instance behind.
+    cfg["shutdown_command"] = SHUTDOWN_COMMAND
+    return json.dumps(cfg, sort_keys=True)
+
+
 def render_user_data(agent_json: str, *, spotrun_install: str = "spotrun") -> str:
-    """The #cloud-config document for one attempt."""
+    """The #cloud-config document for one attempt (the agent powers off when it is done)."""
     if not spotrun_install.strip():
         raise ConfigError("must name a pip requirement", field="aws.spotrun_install",
                           value=spotrun_install)
+    agent_json = with_shutdown_command(agent_json)
     doc = {
         "write_files": [
             {"path": AGENT_CONFIG_PATH, "permissions": "0600", "owner": "root:root",

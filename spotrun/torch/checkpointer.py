@@ -117,8 +117,8 @@ class Checkpointer:
         self._copying: Snapshot | None = None            # snapshot whose deferred copy may run
         self.overlap_snapshot = overlap_snapshot and callable(
             getattr(optimizer, "register_step_pre_hook", None))
-        if self.overlap_snapshot:
-            optimizer.register_step_pre_hook(self._before_optimizer_step)
+        self._hook = (optimizer.register_step_pre_hook(self._before_optimizer_step)
+                      if self.overlap_snapshot else None)
         if install_signal:
             self._install_signal()
 
@@ -287,7 +287,7 @@ class Checkpointer:
             saved = True
         elif due:
             saved = self.save(step)
-        elif self.buffer.buf is None and self.dist.is_writer:
+        elif self.buffer.unprepared and self.dist.is_writer and not self.dist.sharded:
             # Optimizer state exists after the first step: size the buffer now, in the background.
             self.buffer.prepare(self.state_tree_local(step))
         if now - self._last_progress_t >= self.progress_interval_s or saved:
@@ -370,6 +370,10 @@ class Checkpointer:
         try:
             self.wait()
         finally:
+            if self._hook is not None:
+                self._hook.remove()
+                self._hook = None
+                self.overlap_snapshot = False
             if self._prev_handler is not None:
                 signal.signal(signal.SIGUSR1, self._prev_handler)
                 self._prev_handler = None

@@ -17,7 +17,7 @@ import torch
 from spotrun.errors import CheckpointError
 from spotrun.torch.flatten import Plan, Slot, copy_into, plan
 
-HEADROOM = 1.05   # room for small growth (extras, RNG) without a second allocation
+SLACK_BYTES = 1 << 20   # room for small growth (extras, RNG) without a second allocation
 
 
 @dataclass
@@ -68,11 +68,16 @@ class SnapshotBuffer:
         self.buf = buf
         self.allocations += 1
 
+    @property
+    def unprepared(self) -> bool:
+        """True until a buffer exists or is being allocated."""
+        return self.buf is None and self._warming is None
+
     def prepare(self, tree: Any) -> None:
         """Allocate (and fault in) the buffer for tree in a background thread, off the stall."""
         if self._warming is not None or self.buf is not None:
             return
-        nbytes = int(plan(tree).nbytes * HEADROOM)
+        nbytes = plan(tree).nbytes + SLACK_BYTES
         self._warming = threading.Thread(target=self._allocate, args=(nbytes,),
                                          name="spotrun-snapshot-alloc", daemon=True)
         self._warming.start()

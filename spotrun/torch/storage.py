@@ -23,6 +23,7 @@ from spotrun.store.file import FileStore
 from spotrun.torch.snapshot import Snapshot
 
 SHARD_BYTES = 64 * 1024 * 1024
+WRITERS = 4          # shards written at once
 META = "meta.json"
 KIND = "spotrun.torch/1"
 
@@ -43,23 +44,36 @@ def _payload(store: ObjectStore, view: memoryview) -> Any:
 def write_snapshot(store: ObjectStore, snap: Snapshot, *, extra: dict[str, Any] | None = None,
                    cancel: threading.Event | None = None,
                    progress: Callable[[int], None] | None = None,
-                   shard_bytes: int = SHARD_BYTES) -> Manifest:
+                   shard_bytes: int = SHARD_BYTES, writers: int = WRITERS) -> Manifest:
     """Write data shards, then meta.json, then the manifest; raises Abandoned on cancel."""
     snap.wait_ready()
     name = checkpoint_name(snap.step)
-    files: dict[str, dict[str, Any]] = {}
     nshards = max(1, -(-snap.nbytes // shard_bytes))
-    # Hash each shard in a second thread while it is written (hashlib drops the GIL).
-    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="spotrun-sha") as pool:
-        for i in range(nshards):
-            if cancel is not None and cancel.is_set():
-                raise Abandoned("persist abandoned", field="checkpoint", value=name)
-            part = snap.data[i * shard_bytes:(i + 1) * shard_bytes]
-            digest = pool.submit(_sha, part)
-            store.put_bytes(f"{name}/{_shard_name(i)}", _payload(store, part))
-            files[_shard_name(i)] = {"size": len(part), "sha256": digest.result()}
+    done = [0]
+    lock = threading.Lock()
+
+    def one(i: int) -> tuple[str, dict[str, Any]]:
+        if cancel is not None and cancel.is_set():
+            raise Abandoned("persist abandoned", field="checkpoint", value=name)
+        part = snap.data[i * shard_bytes:(i + 1) * shard_bytes]
+        digest = _sha(part)
+        store.put_bytes(f"{name}/{_shard_name(i)}", _payload(store, part))
+        with lock:
+            done[0] += len(part)
             if progress is not None:
-                progress(min(snap.nbytes, (i + 1) * shard_bytes))
+                progress(done[0])
+        return _shard_name(i), {"size": len(part), "sha256": digest}
+
+    # Shards go out in parallel (hashlib and file/socket writes drop the GIL); the
+    # manifest still comes last, so a checkpoint is never visible half-written.
+    with ThreadPoolExecutor(max_workers=max(1, writers), thread_name_prefix="spotrun-put") as pool:
+        futures = [pool.submit(one, i) for i in range(nshards)]
+        try:
+            files = dict(f.result() for f in futures)
+        except BaseException:
+            for f in futures:
+                f.cancel()
+            raise
     meta = json.dumps(snap.meta(), separators=(",", ":")).encode()
     store.put_bytes(f"{name}/{META}", meta)
     files[META] = {"size": len(meta), "sha256": hashlib.sha256(meta).hexdigest()}

@@ -1,5 +1,7 @@
-"""End-to-end harness pieces: an IMDSv2 server per instance on 127.0.0.1, and a local
-agent process started from the user data moto holds for an instance."""
+"""End-to-end harness pieces: an IMDSv2 server per instance on 127.0.0.1, a local agent
+process started from the user data moto holds for an instance, and InstanceHost, which
+plays the machines: it boots an agent for every instance moto reports running, and
+turns an agent's power-off into the instance's termination."""
 
 from __future__ import annotations
 
@@ -7,6 +9,8 @@ import base64
 import json
 import os
 import secrets
+import shlex
+import signal
 import subprocess
 import sys
 import threading
@@ -15,7 +19,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+from spotrun.market import procs
 from spotrun.providers.aws_userdata import agent_json_from_user_data
+
+POWEROFF_FILE = "poweroff"   # on an instance's disk: what its shutdown_command would have run
 
 
 @dataclass
@@ -102,18 +109,129 @@ def start_agent(ec2: Any, instance_id: str, root: Path, env: dict[str, str]) -> 
 
     The agent gets its own IMDS server (the test serves notices through it) and the
     caller's env (AWS_ENDPOINT_URL, fake credentials) so its S3 traffic goes to moto.
+    Its shutdown_command (power off) becomes a command that writes what it would have
+    run to <disk>/poweroff, so a finished agent cannot touch this machine; every process
+    carries SPOTRUN_INSTANCE_ID so a reclaim can kill all of them, as a vanished VM would.
     """
     text = user_data_of(ec2, instance_id)
     disk = root / instance_id
     (disk / "etc").mkdir(parents=True, exist_ok=True)
+    cfg = json.loads(agent_json_from_user_data(text))
+    if cfg.get("shutdown_command"):
+        cfg["shutdown_command"] = (f"printf '%s\\n' {shlex.quote(cfg['shutdown_command'])} > "
+                                   f"{shlex.quote(str(disk / POWEROFF_FILE))}")
     cfg_path = disk / "etc" / "agent.json"
-    cfg_path.write_text(agent_json_from_user_data(text))
+    cfg_path.write_text(json.dumps(cfg, sort_keys=True))
     os.chmod(cfg_path, 0o600)
     imds = ImdsServer(ImdsState(instance_id=instance_id, user_data=text))
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "spotrun", "agent", "--user-data", str(cfg_path),
-         "--dir", str(disk / "work")],
-        env={**os.environ, **env, "SPOTRUN_IMDS_ENDPOINT": imds.url},
-        stdout=open(disk / "agent.log", "ab"), stderr=subprocess.STDOUT,
-        start_new_session=True)
+    with open(disk / "agent.log", "ab") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "spotrun", "agent", "--user-data", str(cfg_path),
+             "--dir", str(disk / "work")],
+            env={**os.environ, **env, "SPOTRUN_IMDS_ENDPOINT": imds.url,
+                 procs.INSTANCE_ENV: instance_id},
+            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     return proc, imds
+
+
+@dataclass
+class Machine:
+    """One instance played locally: its agent, metadata service and disk."""
+
+    instance_id: str
+    proc: subprocess.Popen
+    imds: ImdsServer
+    disk: Path
+    ticks: int | None = None          # the agent's start time, so a reused pid is not its
+    powered_off: bool = False
+    gone: bool = False
+
+
+class InstanceHost:
+    """Boots an agent for each managed instance moto reports running; plays power-off.
+
+    A background thread polls EC2 (moto) every poll_s: a new running instance gets an
+    agent; an agent that exited after running its shutdown command has its instance
+    terminated as EC2 does (Client.InstanceInitiatedShutdown); an instance that moto
+    says is gone has its processes killed. Errors in the thread are kept in `errors`.
+    """
+
+    def __init__(self, ec2: Any, moto: Any, root: Path, env: dict[str, str] | None = None,
+                 poll_s: float = 0.1) -> None:
+        self.ec2 = ec2
+        self.moto = moto
+        self.root = root
+        self.env = dict(env or {})
+        self.poll_s = poll_s
+        self.machines: dict[str, Machine] = {}
+        self.errors: list[str] = []
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="instance-host", daemon=True)
+
+    def start(self) -> "InstanceHost":
+        """Start watching EC2."""
+        self._thread.start()
+        return self
+
+    def machine(self, instance_id: str) -> Machine | None:
+        """The machine playing instance_id, once booted."""
+        with self._lock:
+            return self.machines.get(instance_id)
+
+    def reclaim(self, instance_id: str) -> None:
+        """EC2 takes the spot instance back: the machine vanishes, moto says reclaimed."""
+        self._kill(instance_id)
+        self.moto.reclaim(instance_id)
+
+    def stop(self) -> None:
+        """Stop watching; kill every process of every machine; stop the IMDS servers."""
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=10)
+        with self._lock:
+            ids = list(self.machines)
+        for iid in ids:
+            self._kill(iid)
+            self.machines[iid].imds.stop()
+
+    # ------------------------------------------------------------ the thread
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self._tick()
+            except Exception as exc:  # noqa: BLE001 - reported to the test, loop goes on
+                self.errors.append(f"{type(exc).__name__}: {exc}")
+            self._stop.wait(self.poll_s)
+
+    def _tick(self) -> None:
+        resp = self.ec2.describe_instances(Filters=[
+            {"Name": "tag:spotrun:managed", "Values": ["true"]}])
+        states = {i["InstanceId"]: i["State"]["Name"]
+                  for r in resp["Reservations"] for i in r["Instances"]}
+        for iid, state in states.items():
+            m = self.machine(iid)
+            if m is None and state == "running":
+                proc, imds = start_agent(self.ec2, iid, self.root, self.env)
+                with self._lock:
+                    self.machines[iid] = Machine(iid, proc, imds, self.root / iid,
+                                                 procs.start_ticks(proc.pid))
+            elif m is not None and not m.gone and state in ("shutting-down", "terminated"):
+                self._kill(iid)      # terminated from outside (spotrun, the console)
+            elif m is not None and not m.powered_off and m.proc.poll() is not None:
+                # The agent is done; if it asked for power-off, EC2 terminates the instance.
+                if (m.disk / POWEROFF_FILE).exists() and state == "running":
+                    m.powered_off = True
+                    self.moto.shutdown_from_inside(iid)
+
+    def _kill(self, instance_id: str) -> None:
+        m = self.machine(instance_id)
+        if m is None:
+            return
+        m.gone = True
+        procs.signal_instance(instance_id, m.proc.pid, m.ticks, signal.SIGKILL)
+        try:
+            m.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.errors.append(f"agent of {instance_id} survived SIGKILL")

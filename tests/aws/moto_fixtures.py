@@ -94,6 +94,25 @@ class MotoServer:
         return getattr(_ec2_backend().get_instance(instance_id), name)
 
 
+def moto_settings(moto: MotoServer, ec2: Any, home: str,
+                  overrides: dict[str, Any] | None = None) -> Any:
+    """Settings for the aws provider on moto: default subnets in 1a-1c, an AMI, fast retries."""
+    from spotrun.config import load_settings
+    subnets = [f"{s['AvailabilityZone']}={s['SubnetId']}"
+               for s in ec2.describe_subnets()["Subnets"]
+               if s["AvailabilityZone"] in ("us-east-1a", "us-east-1b", "us-east-1c")]
+    ami = ec2.describe_images(Owners=["amazon"], Filters=[
+        {"Name": "name", "Values": ["Deep Learning AMI*"]}])["Images"][0]["ImageId"]
+    sg = ec2.describe_security_groups()["SecurityGroups"][0]["GroupId"]
+    return load_settings(home, {
+        "provider": "aws", "aws.endpoint_url": moto.url, "aws.ami_id": ami,
+        "aws.subnets": subnets, "aws.security_group_ids": [sg], "aws.key_name": "",
+        "aws.instance_profile_arn": "",
+        "aws.spotrun_install": "spotrun==0.1.0", "aws.volume_size_gb": 50,
+        "aws.retry_base_s": 0.001, "aws.retry_max_s": 0.01, "aws.retry_attempts": 4,
+        **(overrides or {})})
+
+
 def start_moto() -> MotoServer:
     """Start moto + the fault layer on 127.0.0.1, port chosen by the OS."""
     from moto.moto_server.werkzeug_app import (DomainDispatcherApplication,

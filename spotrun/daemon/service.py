@@ -1,0 +1,137 @@
+"""`spotrun daemon` as a service: wait for the lease, run the loops, reload on SIGHUP, stop on SIGTERM.
+
+Signal handlers only set flags; the main thread acts on them. Exit 0 after a clean
+stop (lease released, so a waiting daemon takes over at once), 1 if the lease was lost.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+from dataclasses import asdict, replace
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from spotrun.config import Settings, load_settings
+from spotrun.daemon.app import build_context, build_runner
+from spotrun.daemon.context import DaemonContext
+from spotrun.daemon.lease import Lease, LeaseKeeper, wait_for_lease
+from spotrun.errors import SpotrunError
+
+# Read by the loops on every tick (or at a runner restart): safe to change while running.
+RELOADABLE = ("daemon", "agent")
+
+
+class _Flags:
+    """Set by signal handlers, read by the main loop."""
+
+    def __init__(self) -> None:
+        self.stop = threading.Event()
+        self.reload = threading.Event()
+
+
+def _install(flags: _Flags) -> None:
+    def on_stop(signum: int, frame: Any) -> None:
+        flags.stop.set()
+
+    def on_hup(signum: int, frame: Any) -> None:
+        flags.reload.set()
+
+    signal.signal(signal.SIGTERM, on_stop)
+    signal.signal(signal.SIGINT, on_stop)
+    signal.signal(signal.SIGHUP, on_hup)
+
+
+def reload_settings(ctx: DaemonContext) -> tuple[list[str], list[str]]:
+    """Re-read spotrun.toml into ctx; returns (changed keys applied, changed keys ignored)."""
+    new = load_settings(ctx.settings.home)
+    old_d, new_d = asdict(ctx.settings), asdict(new)
+    applied, ignored = [], []
+    for top in new_d:
+        if new_d[top] == old_d[top]:
+            continue
+        keys = [f"{top}.{k}" for k in new_d[top] if new_d[top][k] != old_d[top][k]] \
+            if isinstance(new_d[top], dict) else [top]
+        (applied if top in RELOADABLE else ignored).extend(keys)
+    ctx.settings = replace(ctx.settings, **{k: getattr(new, k) for k in RELOADABLE})
+    return applied, ignored
+
+
+def serve(settings: Settings) -> int:
+    """Run until SIGTERM/SIGINT; the exit status for the process."""
+    flags = _Flags()
+    _install(flags)
+    log = structlog.get_logger("spotrun.daemon")
+    ctx = build_context(settings)
+    d = settings.daemon
+    lease = Lease(ctx.engine, ttl_s=d.lease_ttl_s, clock=ctx.clock)
+    if not wait_for_lease(lease, poll_s=max(min(d.lease_renew_interval_s, 1.0), 0.05),
+                          stop=flags.stop, log=log):
+        log.info("daemon_stopped", reason="stopped while waiting for the lease")
+        return 0
+    keeper = LeaseKeeper(lease, interval_s=d.lease_renew_interval_s, on_lost=flags.stop.set,
+                         log=log).start()
+    runner = build_runner(ctx, lease=lease)
+    runner.start()
+    try:
+        while not flags.stop.wait(0.2):
+            if flags.reload.is_set():
+                flags.reload.clear()
+                runner = _reload(ctx, runner, lease, keeper, log)
+    finally:
+        runner.stop(wait=True)
+        keeper.stop()
+        if not keeper.lost.is_set():
+            lease.release()
+    if keeper.lost.is_set():
+        log.error("daemon_exit", reason="lease lost to another daemon")
+        return 1
+    log.info("daemon_exit", reason="stopped")
+    return 0
+
+
+def _reload(ctx: DaemonContext, runner: Any, lease: Lease, keeper: LeaseKeeper,
+            log: Any) -> Any:
+    try:
+        applied, ignored = reload_settings(ctx)
+    except SpotrunError as exc:
+        log.error("reload_failed", error=str(exc), field=exc.field)
+        return runner
+    d = ctx.settings.daemon
+    lease.ttl_s = d.lease_ttl_s
+    keeper.interval_s = d.lease_renew_interval_s
+    # Loops keep nothing that matters across a restart, so new intervals apply by restarting.
+    runner.stop(wait=True)
+    runner = build_runner(ctx, lease=lease)
+    runner.start()
+    log.info("reloaded", applied=applied, ignored_need_restart=ignored,
+             heartbeat_timeout_s=d.heartbeat_timeout_s)
+    return runner
+
+
+def health(settings: Settings) -> tuple[bool, str, dict[str, Any]]:
+    """`spotrun daemon --check`: is a daemon holding this database's lease right now?"""
+    url = settings.database_url
+    if url.startswith("sqlite:///") and not Path(url[len("sqlite:///"):]).exists():
+        return False, f"no database at {url}", {}
+    try:
+        from spotrun.db import open_db
+        from spotrun.migrations import LATEST, stored_version
+        engine = open_db(url)
+        version = stored_version(engine)
+        holder = Lease(engine, ttl_s=settings.daemon.lease_ttl_s).holder()
+    except Exception as exc:  # any failure to reach the database is the answer itself
+        return False, f"database unreachable: {type(exc).__name__}: {exc}", {}
+    detail: dict[str, Any] = {"database": url.split("@")[-1], "schema_version": version}
+    if version != LATEST:
+        return False, f"schema v{version}, expected v{LATEST}", detail
+    if holder is None:
+        return False, "no daemon holds the lease", detail
+    detail["lease"] = asdict(holder)
+    if holder.expired(datetime.now(timezone.utc)):
+        return False, f"lease expired at {holder.expires_at} (daemon {holder.owner} is silent)", \
+            detail
+    return True, f"daemon {holder.owner} holds the lease until {holder.expires_at}", detail

@@ -1,0 +1,163 @@
+"""End to end on AWS (moto): daemon + aws provider + S3 store + agents + real torch.
+
+moto plays EC2 and S3 on 127.0.0.1; InstanceHost plays the machines: every instance
+moto reports running gets a local agent started from that instance's user data, with
+its own IMDSv2 server. The test serves the interruption notice through that server,
+waits for the emergency checkpoint in S3, then EC2 reclaims the instance
+(Server.SpotInstanceTermination). The daemon must launch a replacement that resumes
+from S3 and finishes with the same weights, bit for bit, as an uninterrupted run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+from test_e2e_local import TRAIN_ARGS, _sha, job_log, wait_for
+
+from spotrun import layout
+from spotrun.aws_clients import make_client
+from spotrun.config import AgentSettings, DaemonSettings
+from spotrun.daemon.app import build_context, build_runner
+from spotrun.db import Attempt, Job, attempts_of, session
+from spotrun.errors import ObjectNotFound, StoreError
+from spotrun.jobs import submit, validate_submission
+from spotrun.providers.aws import AwsProvider
+from spotrun.providers.aws_userdata import SHUTDOWN_COMMAND
+from spotrun.states import AttemptState, EndReason, JobState
+from spotrun.store import open_store
+
+from .harness import POWEROFF_FILE, InstanceHost
+from .moto_fixtures import FAKE_ENV, MotoServer, moto_settings
+
+pytestmark = pytest.mark.slow
+REPO = Path(__file__).resolve().parents[2]
+BUCKET = "spotrun-e2e"
+TYPE = "g5.xlarge"
+DAEMON = DaemonSettings(schedule_interval_s=0.2, reconcile_interval_s=0.2,
+                        heartbeat_interval_s=0.2, spend_interval_s=1.0,
+                        liveness_interval_s=1.0, heartbeat_timeout_s=120.0)
+AGENT = AgentSettings(heartbeat_interval_s=0.2, notice_poll_interval_s=0.2,
+                      log_flush_interval_s=0.5)
+
+
+@pytest.fixture
+def reference_run(tmp_path: Path) -> Iterator[subprocess.Popen]:
+    """An uninterrupted run of the same job, started first so it overlaps the daemon's."""
+    proc = subprocess.Popen(
+        [sys.executable, str(REPO / "configs" / "demo" / "train.py"), *TRAIN_ARGS.split(),
+         "--checkpoint-uri", (tmp_path / "ref-ckpt").as_uri()],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
+        env={k: v for k, v in os.environ.items() if not k.startswith("SPOTRUN_")})
+    yield proc
+    if proc.poll() is None:
+        proc.kill()
+        proc.communicate()
+
+
+@pytest.fixture
+def aws_e2e(moto: MotoServer, ec2: Any, tmp_home: Path, tmp_path: Path) -> Iterator[tuple]:
+    """A daemon on the aws provider and an S3 store in moto, and the host playing instances."""
+    make_client("s3", region="us-east-1", endpoint_url=moto.url).create_bucket(Bucket=BUCKET)
+    now = datetime.now(timezone.utc)
+    moto.layer.set_prices([(TYPE, z, now - timedelta(hours=1), p) for z, p in
+                           (("us-east-1a", 0.43), ("us-east-1b", 0.44), ("us-east-1c", 0.45))])
+    settings = moto_settings(moto, ec2, str(tmp_home), {"store_uri": f"s3://{BUCKET}/spotrun"})
+    settings = dataclasses.replace(settings, daemon=DAEMON, agent=AGENT)
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "train.py").write_text((REPO / "configs" / "demo" / "train.py").read_text())
+    spec = tmp_path / "job.yaml"
+    spec.write_text(f"name: e2e-aws\ncommand: python train.py {TRAIN_ARGS}\nworkdir: code\n"
+                    f"resources: {{instance_types: [{TYPE}]}}\n"
+                    "work: {total_steps: 800}\ncheckpoint: {interval_minutes: 1}\n"
+                    "policy: {market: spot}\n")
+    ctx = build_context(settings, provider=AwsProvider.from_settings(settings),
+                        store=open_store(f"s3://{BUCKET}/spotrun"))
+    runner = build_runner(ctx)
+    host = InstanceHost(ec2, moto, tmp_path / "instances",
+                        env={**FAKE_ENV, "AWS_ENDPOINT_URL": moto.url}).start()
+    try:
+        yield ctx, runner, host, spec
+    finally:
+        runner.stop(wait=True)
+        host.stop()
+
+
+def _attempt(ctx, job_id: str, number: int, min_progress: int) -> Attempt | None:
+    with session(ctx.engine) as s:
+        for a in attempts_of(s, job_id):
+            if a.number == number and a.last_step >= a.start_step + min_progress:
+                assert a.state is AttemptState.RUNNING, f"attempt {number} already {a.state}"
+                return a
+    return None
+
+
+def _notice_saved(store, job_id: str, number: int) -> dict | None:
+    try:
+        notice = json.loads(store.get_bytes(layout.notice_key(job_id, number)))
+    except (ObjectNotFound, StoreError, ValueError):   # not written yet
+        return None
+    return notice if notice.get("emergency_checkpoint_step") is not None else None
+
+
+def _noticed(ctx, attempt_id: int) -> bool:
+    with session(ctx.engine) as s:
+        return s.get(Attempt, attempt_id).notice_at is not None
+
+
+def _finished(ctx, job_id: str) -> Job | None:
+    with session(ctx.engine) as s:
+        job = s.get(Job, job_id)
+        return job if job.state.is_terminal() else None
+
+
+def test_reclaim_with_notice_resumes_from_s3_bitwise_identical(reference_run, aws_e2e, ec2):
+    ctx, runner, host, spec = aws_e2e
+    job = submit(validate_submission(spec, ctx.settings), ctx.engine)
+    runner.start()
+    first = wait_for(lambda: _attempt(ctx, job.id, 1, min_progress=60), 120,
+                     "attempt 1 to run and make progress")
+    machine = host.machine(first.instance_id)
+    assert machine is not None
+    # Cost allocation: the instance's root volume carries the job and attempt tags.
+    vols = ec2.describe_volumes(Filters=[
+        {"Name": "attachment.instance-id", "Values": [first.instance_id]}])["Volumes"]
+    assert vols and all({"Key": "spotrun:job", "Value": job.id} in v["Tags"]
+                        and {"Key": "spotrun:attempt", "Value": "1"} in v["Tags"] for v in vols)
+    # EC2's two-minute warning, served by the instance's own metadata service.
+    warn_at = datetime.now(timezone.utc) + timedelta(minutes=2)
+    machine.imds.notice("terminate", warn_at.strftime("%Y-%m-%dT%H:%M:%SZ"))
+    notice = wait_for(lambda: _notice_saved(ctx.store, job.id, 1), 60,
+                      "the emergency checkpoint the notice asked for")
+    saved_step = notice["emergency_checkpoint_step"]
+    wait_for(lambda: _noticed(ctx, first.id), 30, "the daemon to record the notice")
+    host.reclaim(first.instance_id)
+
+    done = wait_for(lambda: _finished(ctx, job.id), 120, "the job to finish")
+    runner.stop(wait=True)
+    assert done.state is JobState.SUCCEEDED, done.reason
+    assert not host.errors, host.errors
+    with session(ctx.engine) as s:
+        atts = attempts_of(s, job.id)
+    assert [a.end_reason for a in atts] == [EndReason.RECLAIMED, EndReason.COMPLETED]
+    # The replacement is a new instance that resumed from the notice's checkpoint in S3.
+    assert atts[1].instance_id != atts[0].instance_id
+    assert atts[1].start_step == saved_step > 0
+    # The finished agent powered its instance off (shutdown behaviour terminate).
+    second = host.machine(atts[1].instance_id)
+    assert (second.disk / POWEROFF_FILE).read_text().strip() == SHUTDOWN_COMMAND
+    state = ec2.describe_instances(InstanceIds=[atts[1].instance_id])[
+        "Reservations"][0]["Instances"][0]
+    assert state["State"]["Name"] == "terminated"
+    assert state["StateReason"]["Code"] == "Client.InstanceInitiatedShutdown"
+    out, err = reference_run.communicate(timeout=300)
+    assert reference_run.returncode == 0, err[-2000:]
+    assert _sha(job_log(ctx, done)) == _sha(out)

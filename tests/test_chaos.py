@@ -1,0 +1,184 @@
+"""Chaos: the real daemon process is SIGKILLed at 20 seeded moments while jobs launch, get
+reclaimed, recover, checkpoint and are cancelled; each time it is restarted.
+
+At the end: every job completed or was cancelled as asked, no instance process is
+left, nothing was launched twice, and the ledger accounts for every instance-second.
+Everything is real: daemon, market and agent processes, SQLite, the file store.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from sqlmodel import select
+
+from spotrun.db import Attempt, Job, SpendEntry, open_db, session
+from spotrun.jobs import request_cancel
+from spotrun.ledger.rules import SpendKind, rules_for
+from spotrun.states import AttemptState, EndReason, JobState, Market, TerminationCause
+
+from conftest import kill_leftovers, write_trace
+from daemon_helpers import (DaemonProc, all_booked, live_instance_pids, market_records,
+                            submit_job, wait_for, write_home, write_job)
+
+pytestmark = pytest.mark.slow
+KILLS = 20
+SEED = 8
+PHASES = ("launch", "reclaim", "recovery", "checkpoint", "random")
+
+
+def _period(n: int, down: int, ticks: int = 400) -> list[int]:
+    """Available except at tick % 8 == down (a reclaim every 8 wall seconds per zone)."""
+    return [0 if i % 8 == down else 1 for i in range(ticks)]
+
+
+@pytest.fixture
+def home(tmp_home: Path, tmp_path: Path):
+    """A home whose three zones each lose spot capacity one tick in eight, staggered."""
+    trace = write_trace(tmp_path / "trace.csv",
+                        {"za": _period(0, 3), "zb": _period(0, 5), "zc": _period(0, 7)},
+                        tick_s=600.0)
+    write_home(tmp_home, trace, scale=600.0, hb_timeout=30.0, lease_ttl=3.0)
+    yield tmp_home
+    kill_leftovers(tmp_home / "market")
+
+
+class Watcher:
+    """Reads the database (as any CLI would) to find the states worth a kill."""
+
+    def __init__(self, engine, cancel_job: str) -> None:
+        self.engine = engine
+        self.cancel_job = cancel_job
+        self.steps: dict[str, int] = {}
+
+    def snapshot(self) -> None:
+        """Remember each job's checkpointed step."""
+        with session(self.engine) as s:
+            self.steps = {j.id: j.last_step for j in s.exec(select(Job))}
+
+    def hit(self, phase: str) -> bool:
+        """True when the database shows the phase of interest now."""
+        with session(self.engine) as s:
+            jobs = list(s.exec(select(Job)))
+            atts = list(s.exec(select(Attempt)))
+        if phase == "launch":
+            return any(a.state is AttemptState.LAUNCHING for a in atts)
+        if phase == "reclaim":
+            return any(a.state is AttemptState.RUNNING and a.notice_at is not None for a in atts)
+        if phase == "recovery":
+            return any(j.state in (JobState.RECOVERING, JobState.STARTING)
+                       and any(a.job_id == j.id and a.number > 1 for a in atts) for j in jobs)
+        if phase == "checkpoint":
+            return any(j.last_step > self.steps.get(j.id, 0) for j in jobs)
+        if phase == "cancel":
+            return any(j.id == self.cancel_job and j.state is JobState.CANCELLING for j in jobs)
+        return False
+
+
+def _lease_count(log: Path) -> int:
+    try:
+        return log.read_text(errors="replace").count('"lease_acquired"')
+    except OSError:
+        return 0
+
+
+def test_sigkill_at_20_moments_loses_nothing(home: Path, tmp_path: Path):
+    t0 = time.monotonic()
+    rng = random.Random(SEED)
+    # Sized so that the jobs are still busy when the last kill comes (~50 steps/s).
+    specs = {"alpha": 1200, "bravo": 1500, "charlie": 1000, "victim": 50000}
+    ids = {n: submit_job(home, write_job(tmp_path, n, steps=steps,
+                                         env={"WORKLOAD_STEP_S": "0.02",
+                                              "WORKLOAD_CKPT_EVERY": "40"}))
+           for n, steps in specs.items()}
+    engine = open_db(f"sqlite:///{home / 'spotrun.db'}")
+    watcher = Watcher(engine, ids["victim"])
+    log = tmp_path / "daemon.log"
+    pause = threading.Event()
+    hits: list[str] = []
+    for k in range(KILLS):
+        d = DaemonProc(home, log)
+        before = k
+        wait_for(lambda: _lease_count(log) > before, 30, f"daemon {k} to take the lease")
+        watcher.snapshot()
+        phase = "cancel" if k == 6 else PHASES[rng.randrange(len(PHASES))]
+        if phase == "random":
+            pause.wait(rng.uniform(0.1, 2.5))
+            hits.append("random")
+        else:
+            deadline = time.monotonic() + 3.0
+            while time.monotonic() < deadline and not watcher.hit(phase):
+                pause.wait(0.02)
+            hits.append(phase if watcher.hit(phase) else f"missed:{phase}")
+            pause.wait(rng.uniform(0.0, 0.3))
+        d.kill()
+        if k == 5:
+            request_cancel(engine, ids["victim"])   # while the daemon is down
+    # A last daemon runs to the end, then stops cleanly on SIGTERM.
+    final = DaemonProc(home, log)
+    wait_for(lambda: _lease_count(log) > KILLS, 30, "the last daemon to take the lease")
+
+    def settled():
+        jobs, _ = jobs_now(engine)
+        return all(j.state.is_terminal() for j in jobs.values()) and all_booked(engine)
+    wait_for(settled, 150, "every job to finish and every attempt to be booked")
+    assert final.terminate() == 0
+    print(f"kill phases: {hits}; total {time.monotonic() - t0:.1f} s")
+
+    jobs, atts = jobs_now(engine)
+    for name, jid in ids.items():
+        want = JobState.CANCELLED if name == "victim" else JobState.SUCCEEDED
+        assert jobs[jid].state is want, (name, jobs[jid].state, jobs[jid].reason)
+    hit_phases = {h for h in hits if not h.startswith("missed")}
+    assert len(hit_phases) >= 4, hits
+    assert any(a.end_reason is EndReason.RECLAIMED for a in atts), "the trace reclaimed nothing"
+
+    # No process of any instance is left.
+    wait_for(lambda: not live_instance_pids(home), 30, "every instance process to exit")
+
+    # Nothing launched twice: each attempt's client token maps to exactly one instance,
+    # and every instance the market ever started belongs to an attempt.
+    recs = market_records(home)
+    by_token = Counter(r.client_token for r in recs)
+    assert all(n == 1 for n in by_token.values()), by_token
+    tokens = {a.client_token: a for a in atts}
+    for r in recs:
+        assert r.client_token in tokens, f"instance {r.instance_id} has no attempt"
+        assert tokens[r.client_token].instance_id == r.instance_id
+        assert r.state.is_terminal()
+    for a in atts:
+        if a.instance_id is None:
+            assert a.end_reason in (EndReason.LAUNCH_FAILED, EndReason.CANCELLED), a
+
+    # The ledger accounts for every instance-second (market clock, raw seconds).
+    rules = rules_for("local")
+    with session(engine) as s:
+        rows = list(s.exec(select(SpendEntry)))
+    assert not [r for r in rows if r.attempt_id is None and r.instance_id], "no orphan expected"
+    for r in recs:
+        mine = [x for x in rows if x.instance_id == r.instance_id]
+        span = r.ended_at - r.launched_at
+        reclaimed = r.cause is TerminationCause.SPOT_RECLAIM
+        billed = rules.billed_seconds(span, market=Market(r.market.value),
+                                      reclaimed_by_provider=reclaimed)
+        total = sum(x.billed_seconds for x in mine if x.kind in SpendKind.instance_kinds())
+        assert total == pytest.approx(billed, abs=1e-3), (r.instance_id, span, mine)
+        compute = sum(x.billed_seconds for x in mine if x.kind == SpendKind.COMPUTE.value)
+        past_end = sum(x.billed_seconds for x in mine if x.kind == SpendKind.CORRECTION.value
+                       and x.note.startswith("reverses row"))
+        assert compute + past_end == pytest.approx(span, abs=1e-3), (r.instance_id, mine)
+    engine.dispose()
+    print(json.dumps({"instances": len(recs), "attempts": len(atts),
+                      "seconds": round(time.monotonic() - t0, 1)}))
+
+
+def jobs_now(engine):
+    """Jobs by id and all attempts."""
+    from daemon_helpers import jobs_and_attempts
+    return jobs_and_attempts(engine)

@@ -1,0 +1,23 @@
+"""State enums: terminal states, and the string values users see in `status --json`."""
+
+from __future__ import annotations
+
+from spotrun.states import AttemptState, InstanceState, JobState
+
+
+def test_job_terminal_states():
+    terminal = {s for s in JobState if s.is_terminal()}
+    assert terminal == {JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED,
+                        JobState.BUDGET_EXHAUSTED}
+    assert all(s.is_active() != s.is_terminal() for s in JobState)
+
+
+def test_attempt_and_instance_terminal_states():
+    assert [s for s in AttemptState if s.is_terminal()] == [AttemptState.ENDED]
+    assert [s for s in InstanceState if s.is_terminal()] == [InstanceState.TERMINATED]
+
+
+def test_values_are_the_brief_lower_case_names():
+    assert {s.value for s in JobState} >= {"queued", "running", "recovering", "succeeded",
+                                           "failed", "cancelled", "budget_exhausted"}
+    assert all(s.value == s.value.lower() for s in JobState)

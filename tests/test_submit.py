@@ -1,0 +1,47 @@
+"""`spotrun submit`: --dry-run prints the ranked plan and the provider's calls, writing nothing."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from click.testing import CliRunner
+
+from spotrun.cli import cli
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def test_dry_run_writes_nothing_and_shows_the_launch(tmp_path, monkeypatch):
+    home = tmp_path / "home"
+    monkeypatch.setenv("SPOTRUN_HOME", str(home))
+    result = CliRunner().invoke(cli, ["submit", "--dry-run", "--json",
+                                      str(REPO / "configs" / "demo" / "job.yaml")])
+    assert result.exit_code == 0, result.output
+    plan = json.loads(result.output)
+    zones = [c["zone"] for c in plan["candidates"]]
+    assert zones and set(zones) <= {"us-east-1a", "us-east-1c", "us-east-1d", "us-east-1f"}
+    assert [c["market"] for c in plan["candidates"]] == ["spot"] * len(zones)  # market: spot
+    ranks = [c["usd_per_reference_hour"] for c in plan["candidates"]]
+    assert ranks == sorted(ranks)
+    launch = plan["launch"]
+    assert launch["provider"] == "local" and launch["request"]["user_data"].startswith("<")
+    assert launch["request"]["candidates"][0] == f"p3.2xlarge/{zones[0]}/spot"
+    assert not home.exists()  # no database, no store, no market started
+
+
+def test_dry_run_table(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPOTRUN_HOME", str(tmp_path / "home"))
+    result = CliRunner().invoke(cli, ["submit", "--dry-run",
+                                      str(REPO / "configs" / "demo" / "job.yaml")])
+    assert result.exit_code == 0, result.output
+    assert "nothing was written" in result.output and "p3.2xlarge" in result.output
+
+
+def test_unknown_zone_for_the_local_market_is_refused(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPOTRUN_HOME", str(tmp_path / "home"))
+    spec = tmp_path / "job.yaml"
+    spec.write_text("name: a\ncommand: x\nresources: {zones: [eu-west-1a]}\n")
+    result = CliRunner().invoke(cli, ["submit", str(spec)])
+    assert result.exit_code == 2
+    assert "resources.zones[0]" in result.output and "us-east-1a" in result.output
