@@ -189,3 +189,46 @@ def live_instance_pids(home: Path) -> dict[str, set[int]]:
         if pids:
             out[rec.instance_id] = pids
     return out
+
+
+class FlakyStore:
+    """A real store underneath; a seeded share of calls fail with StoreError (fault tests)."""
+
+    WRITES = ("put_bytes", "put_if_absent", "put_file", "delete")
+    READS = ("get_bytes", "get_file", "exists", "list")
+
+    def __init__(self, inner: Any, *, write_fail: float, read_fail: float = 0.0,
+                 seed: int = 0) -> None:
+        import random
+        self.inner = inner
+        self.uri = inner.uri
+        self.write_fail = write_fail
+        self.read_fail = read_fail
+        self.rng = random.Random(seed)
+        self.lock = threading.Lock()
+        self.failures = 0
+
+    def _maybe_fail(self, name: str) -> None:
+        from spotrun.errors import StoreError
+        frac = self.write_fail if name in self.WRITES else self.read_fail
+        with self.lock:
+            if frac > 0 and self.rng.random() < frac:
+                self.failures += 1
+                raise StoreError(f"injected fault in {name}", field="store", value=self.uri)
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self.inner, name)
+        if name not in self.WRITES + self.READS:
+            return attr
+
+        def call(*args: Any, **kw: Any) -> Any:
+            self._maybe_fail(name)
+            return attr(*args, **kw)
+        return call
+
+    def sub(self, prefix: str) -> "FlakyStore":
+        """A flaky view of a prefix (same fault stream)."""
+        view = FlakyStore(self.inner.sub(prefix), write_fail=self.write_fail,
+                          read_fail=self.read_fail)
+        view.rng, view.lock = self.rng, self.lock
+        return view

@@ -56,11 +56,13 @@ class Watcher:
         self.engine = engine
         self.cancel_job = cancel_job
         self.steps: dict[str, int] = {}
+        self.ended: set[int] = set()
 
     def snapshot(self) -> None:
         """Remember each job's checkpointed step."""
         with session(self.engine) as s:
             self.steps = {j.id: j.last_step for j in s.exec(select(Job))}
+            self.ended = {a.id for a in s.exec(select(Attempt)) if a.end_reason is not None}
 
     def hit(self, phase: str) -> bool:
         """True when the database shows the phase of interest now."""
@@ -70,7 +72,10 @@ class Watcher:
         if phase == "launch":
             return any(a.state is AttemptState.LAUNCHING for a in atts)
         if phase == "reclaim":
-            return any(a.state is AttemptState.RUNNING and a.notice_at is not None for a in atts)
+            # A notice seen, or a reclaim just recorded (the recovery that follows is cut short).
+            return any((a.state is AttemptState.RUNNING and a.notice_at is not None)
+                       or (a.end_reason is EndReason.RECLAIMED and a.id not in self.ended)
+                       for a in atts)
         if phase == "recovery":
             return any(j.state in (JobState.RECOVERING, JobState.STARTING)
                        and any(a.job_id == j.id and a.number > 1 for a in atts) for j in jobs)

@@ -118,7 +118,9 @@ def test_spot_launch_describe_by_job_and_tags(harness: Harness) -> None:
     assert info.launched_at.tzinfo is not None and info.price_usd_per_hour
     [seen] = harness.provider.describe(job_id=req.job_id)
     assert seen.instance_id == info.instance_id and seen.tags["suite"] == "contract"
-    assert seen.tags["spotrun:job"] == req.job_id
+    # Cost allocation: every instance says which job and attempt it belongs to.
+    assert seen.tags["spotrun:job"] == req.job_id and seen.tags["spotrun:attempt"] == "1"
+    assert abs((seen.launched_at - harness.provider.now()).total_seconds()) < 300
 
 
 def test_capacity_error_when_no_candidate_has_room(harness: Harness) -> None:
@@ -160,7 +162,7 @@ def test_reclaim_is_reported_as_spot_reclaim(harness: Harness) -> None:
     harness.force_reclaim(info.instance_id)
     done = wait_for(lambda: _one(harness, info.instance_id).state.is_terminal() and
                     _one(harness, info.instance_id), what="reclaimed")
-    assert done.cause is TerminationCause.SPOT_RECLAIM
+    assert done.cause is TerminationCause.SPOT_RECLAIM and done.ended_at is not None
 
 
 def test_prices(harness: Harness) -> None:

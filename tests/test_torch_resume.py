@@ -20,7 +20,7 @@ from spotrun.store.file import FileStore  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 TRAIN = ROOT / "configs" / "demo" / "train.py"
-STEPS = 400
+STEPS = 300
 TINY = ["--steps", str(STEPS), "--hidden", "64", "--layers", "2", "--samples", "1024",
         "--batch", "64", "--log-every", "100000", "--progress-interval-s", "0"]
 FINAL = "final-params-sha256: "

@@ -7,7 +7,6 @@ from pathlib import Path
 import click
 from rich.console import Console
 
-from spotrun.cli.common import get_settings
 
 
 @click.command()
@@ -16,19 +15,24 @@ from spotrun.cli.common import get_settings
 @click.option("--start-tick", type=int, default=None, help="Trace tick the market starts at.")
 @click.option("--timeout-s", type=float, default=300.0, show_default=True,
               help="Give up (exit 1) after this many wall seconds.")
+@click.option("--home", "home_opt", type=click.Path(file_okay=False), default=None,
+              help="Demo state directory (default: $SPOTRUN_HOME if set, else ./.demo).")
 @click.option("--spec", "spec_path", type=click.Path(dir_okay=False), default=None,
               help="Job spec to run instead of configs/demo/job.yaml.")
 def demo(time_scale: float | None, start_tick: int | None, timeout_s: float,
-         spec_path: str | None) -> None:
+         home_opt: str | None, spec_path: str | None) -> None:
     """Train a small real PyTorch model on the local provider, through >= 2 reclaims.
 
-    Uses $SPOTRUN_HOME (`make demo` sets .demo/), which it resets first; afterwards
-    `spotrun status --json` and `spotrun audit --json` read the finished job.
+    Uses --home, else $SPOTRUN_HOME, else ./.demo, which it resets first (only if the
+    demo created it); afterwards `SPOTRUN_HOME=<that dir> spotrun status --json` and
+    `spotrun audit --json` read the finished job.
     """
+    import os
+
     from spotrun import demo as d
 
-    settings = get_settings()
-    home = settings.home_path
+    home = Path(home_opt or os.environ.get("SPOTRUN_HOME") or ".demo").resolve()
+    os.environ["SPOTRUN_HOME"] = str(home)   # status and audit below read the demo's home
     settings = d.prepare_home(home, time_scale=time_scale or d.DEFAULT_TIME_SCALE,
                               start_tick=d.DEFAULT_START_TICK if start_tick is None else start_tick)
     spec = Path(spec_path) if spec_path else d.DEMO_DIR / "job.yaml"

@@ -6,6 +6,7 @@ raises is logged and runs again next slot; missed slots are skipped, not burst.
 
 from __future__ import annotations
 
+import logging
 import signal
 import threading
 from dataclasses import dataclass
@@ -64,6 +65,8 @@ class Runner:
 
     def start(self) -> None:
         """Start the loops in the background."""
+        # A slot skipped because the previous tick still runs is by design, not a warning.
+        logging.getLogger("apscheduler.scheduler").setLevel(logging.ERROR)
         sched = BackgroundScheduler(executors={"default": ThreadPoolExecutor(max_workers=1)},
                                     job_defaults={"coalesce": True, "max_instances": 1,
                                                   "misfire_grace_time": 1})

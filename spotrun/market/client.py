@@ -71,6 +71,17 @@ class MarketClient:
             raise ProviderError(f"market not reachable: {exc}", field="market", value=self.url,
                                 hint="`spotrun market status`") from None
 
+    def faults(self, *, throttle_fraction: float = 0.0, capacity_fraction: float = 0.0,
+               seed: int = 0) -> dict[str, Any]:
+        """POST /admin/faults: refuse a seeded share of calls (503) and launches (409)."""
+        return self.request("POST", "/admin/faults", {
+            "throttle_fraction": throttle_fraction, "capacity_fraction": capacity_fraction,
+            "seed": seed})["faults"]
+
+    def fault_counts(self) -> dict[str, Any]:
+        """GET /admin/faults: the fractions and how many calls failed so far."""
+        return self.request("GET", "/admin/faults")["faults"]
+
     def health(self) -> dict[str, Any]:
         """GET /health."""
         return self.request("GET", "/health")

@@ -2,6 +2,7 @@
 
 Routes: GET /health /time /pools /instances /prices /price-history /status;
 POST /instances, /instances/<id>/terminate, /admin/interrupt, /admin/stop;
+GET/POST /admin/faults (tests: throttling and capacity refusals, seeded);
 any method under /imds/<id>/latest/... (IMDSv2, see imds.py).
 """
 
@@ -47,6 +48,45 @@ class _Flags:
     stop_instances = False
 
 
+class Faults:
+    """Test faults set by POST /admin/faults: a seeded share of calls throttled (HTTP 503,
+    like EC2's RequestLimitExceeded) and of launches refused for capacity (HTTP 409)."""
+
+    def __init__(self) -> None:
+        import random
+        self.lock = threading.Lock()
+        self.rng = random.Random(0)
+        self.throttle_fraction = 0.0
+        self.capacity_fraction = 0.0
+        self.counts = {"throttled": 0, "refused": 0}
+
+    def set(self, body: dict[str, Any]) -> dict[str, Any]:
+        """Replace the fractions (0..1) and reseed."""
+        import random
+        with self.lock:
+            for key in ("throttle_fraction", "capacity_fraction"):
+                value = _num(body, key, 0.0)
+                if not 0.0 <= value <= 1.0:
+                    raise BadInputError("must be between 0 and 1", field=key, value=value)
+                setattr(self, key, value)
+            self.rng = random.Random(int(_num(body, "seed", 0.0)))
+            return self.view()
+
+    def hit(self, kind: str) -> bool:
+        """Draw once: should this call fail with the fault `kind`?"""
+        with self.lock:
+            frac = self.throttle_fraction if kind == "throttled" else self.capacity_fraction
+            if frac <= 0 or self.rng.random() >= frac:
+                return False
+            self.counts[kind] += 1
+            return True
+
+    def view(self) -> dict[str, Any]:
+        """The fractions and how many calls each fault failed."""
+        return {"throttle_fraction": self.throttle_fraction,
+                "capacity_fraction": self.capacity_fraction, **self.counts}
+
+
 class MarketHTTPServer(ThreadingHTTPServer):
     """ThreadingHTTPServer that carries the market."""
 
@@ -56,6 +96,7 @@ class MarketHTTPServer(ThreadingHTTPServer):
         super().__init__(("127.0.0.1", port), _Handler)
         self.market = market
         self.flags = flags
+        self.faults = Faults()
         self.port = int(self.server_address[1])
         market.imds_base = f"http://127.0.0.1:{self.port}/imds"
 
@@ -107,6 +148,10 @@ class _Handler(BaseHTTPRequestHandler):
             if parts and parts[0] == "imds" and len(parts) >= 2:
                 self._imds(method, parts[1], "/".join(parts[2:]))
                 return
+            if parts and parts[0] not in ("admin", "health") \
+                    and self.server.faults.hit("throttled"):
+                self._json(503, {"error": "RequestLimitExceeded: request rate exceeded"})
+                return
             self._api(method, parts, query)
         except LaunchRefused as exc:
             self._json(409, {"error": "no candidate has capacity", "reasons": exc.reasons})
@@ -139,6 +184,8 @@ class _Handler(BaseHTTPRequestHandler):
             recs = m.describe(job_id=q.get("job_id"), instance_ids=ids)
             self._json(200, {"instances": [record_json(r) for r in recs]})
         elif route == ("POST", "instances"):
+            if self.server.faults.hit("refused"):
+                raise LaunchRefused({"*": "InsufficientInstanceCapacity: injected fault"})
             self._json(200, {"instance": record_json(_launch(m, self._body()))})
         elif method == "POST" and len(parts) == 3 and parts[0] == "instances" \
                 and parts[2] == "terminate":
@@ -157,6 +204,10 @@ class _Handler(BaseHTTPRequestHandler):
             rec = m.interrupt(str(body.get("instance_id", "")), _num(body, "in_s", 0.0),
                               bool(body.get("notice", True)))
             self._json(200, {"instance": record_json(rec)})
+        elif route == ("POST", "admin/faults"):
+            self._json(200, {"faults": self.server.faults.set(self._body())})
+        elif route == ("GET", "admin/faults"):
+            self._json(200, {"faults": self.server.faults.view()})
         elif route == ("POST", "admin/stop"):
             self.server.flags.stop_instances = True
             self.server.flags.stop = True

@@ -1,4 +1,21 @@
-"""spotrun's own policy: multi-pool, deadline-aware, driven by the observed market."""
+"""spotrun's own policy: multi-pool, deadline-aware, driven by the observed market.
+
+Everything it uses is known at run time: each pool's history so far (up-stretch
+lengths, reclaims per up tick), prices now, and the job's progress and deadline.
+No constant is fitted to a trace; the only scales are the changeover and the tick.
+
+- Pool choice: the lowest expected cost per productive tick,
+  price x (1 + changeover / expected productive run), where the expected run is
+  E[stretch - age | stretch > age] from that pool's completed up-stretches (heavy
+  tails make a stretch that has lasted long likely to last longer).
+- Slack reserve: the remaining work, run on spot, is expected to lose
+  remaining x (reclaims per up tick) x (changeover + 1) ticks; plus one relaunch.
+- Spot down: wait while the slack exceeds the reserve, else on-demand; once on
+  on-demand, stay there until spot is back (each hop pays a changeover).
+- Spot up: launch it; from on-demand only if the slack after the changeover still
+  covers the reserve. On spot, stay, unless another pool is cheaper by more than two
+  changeovers' worth (money and slack) over its median remaining stretch.
+"""
 
 from __future__ import annotations
 
@@ -9,33 +26,25 @@ from spotrun.policy.market import MarketView
 
 
 class _PoolModel:
-    """What a pool's past says about its up-stretches (cached until the next reclaim)."""
+    """What a pool's completed up-stretches say (rebuilt only after a new reclaim)."""
 
-    __slots__ = ("n", "lengths", "tail_sum", "prod_fraction")
+    __slots__ = ("n", "lengths", "tail_sum")
 
-    def __init__(self, market: MarketView, j: int, changeover_ticks: float) -> None:
-        lengths = np.sort(market.up_stretches(j))
-        self.n = len(lengths)
-        self.lengths = lengths
-        # suffix sums for E[S | S > a]
-        self.tail_sum = np.concatenate([np.cumsum(lengths[::-1])[::-1], [0.0]])
-        seen = market.now + 1
-        self.prod_fraction = float(np.maximum(lengths - changeover_ticks, 0).sum()) / seen
-
-    def median_remaining(self, age: int) -> float:
-        """Median of stretch - age over stretches longer than age; age when none was seen."""
-        i = int(np.searchsorted(self.lengths, age, side="right"))
-        if i >= self.n:
-            return float(age)
-        return float(np.median(self.lengths[i:])) - age
+    def __init__(self, market: MarketView, j: int) -> None:
+        self.lengths = np.sort(market.up_stretches(j))
+        self.n = len(self.lengths)
+        self.tail_sum = np.concatenate([np.cumsum(self.lengths[::-1])[::-1], [0.0]])
 
     def expected_remaining(self, age: int) -> float:
-        """E[stretch - age | stretch > age] in ticks; `age` itself when nothing longer was seen."""
+        """E[stretch - age | stretch > age] in ticks; `age` when nothing longer was seen."""
         i = int(np.searchsorted(self.lengths, age, side="right"))
         k = self.n - i
-        if k == 0:
-            return float(age)
-        return float(self.tail_sum[i]) / k - age
+        return float(age) if k == 0 else float(self.tail_sum[i]) / k - age
+
+    def median_remaining(self, age: int) -> float:
+        """Median of stretch - age over stretches longer than age; `age` when none."""
+        i = int(np.searchsorted(self.lengths, age, side="right"))
+        return float(age) if i >= self.n else float(np.median(self.lengths[i:])) - age
 
 
 class SpotrunPolicy(SafePolicy):
@@ -43,56 +52,61 @@ class SpotrunPolicy(SafePolicy):
 
     name = "spotrun"
 
-    def __init__(self, beta: float = 0.0, h: float = 3.0, move: float = 0.0) -> None:
-        self.beta, self.h, self.move = beta, h, move
+    # A move between spot pools pays one changeover in money and one in slack.
+    MOVE_CHANGEOVERS = 2.0
+
+    def __init__(self) -> None:
         self._models: dict[int, tuple[int, _PoolModel]] = {}
 
-    def _model(self, market: MarketView, j: int, c_ticks: float) -> _PoolModel:
+    def _model(self, market: MarketView, j: int) -> _PoolModel:
         count = market.reclaims(j)
         hit = self._models.get(j)
         if hit is None or hit[0] != count:
-            hit = (count, _PoolModel(market, j, c_ticks))
+            hit = (count, _PoolModel(market, j))
             self._models[j] = hit
         return hit[1]
 
     def choose(self, job: JobProgress, market: MarketView) -> Decision:
-        """Stay on spot; else launch the best pool; on-demand when slack nears the reserve."""
+        """See the module docstring."""
         tick = job.tick_s
         c = job.changeover_s / tick
         r = job.remaining_s / tick
         slack = job.slack_s / tick
         up = market.up_now()
         price = market.price_now()
-        on_spot = job.mode is Mode.SPOT
-        if on_spot and not self.move:
-            return job.current
-        best_j, best_cost, best_prod, need = -1, float("inf"), 0.0, float("inf")
+        seen = market.now + 1
+        best_j, best_cost, loss_per_tick = -1, float("inf"), float("inf")
         for j, ok in enumerate(up):
-            m = self._model(market, j, c)
-            seen = market.now + 1
-            a = (market.uptime_fraction(j) * seen + 1) / (seen + 2)
-            rho = (market.reclaims(j) + 1) / (a * seen + 1)
-            need = min(need, rho * (c + 1) + self.beta * (1 - a) / a)
+            up_ticks = market.uptime_fraction(j) * seen
+            # reclaims per up tick, with one pseudo-observation so a fresh pool is not "safe"
+            loss_per_tick = min(loss_per_tick,
+                                (market.reclaims(j) + 1) / (up_ticks + 1) * (c + 1))
             if not ok:
                 continue
-            rem = m.expected_remaining(market.age_ticks(j))
-            prod = max(rem - c, 0.5)
-            cost = price[j] * (1.0 + c / prod)
+            run = self._model(market, j).expected_remaining(market.age_ticks(j))
+            cost = price[j] * (1.0 + c / max(run - c, 0.5))
             if cost < best_cost:
-                best_j, best_cost, best_prod = j, cost, prod
-        if on_spot:
-            i = market.pools.index(job.pool)
-            med = self._model(market, best_j, c).median_remaining(market.age_ticks(best_j))
-            if best_j != i and (price[i] - price[best_j]) * min(med - c, r) > \
-                    self.move * c * price[best_j] and slack - (c + 1) >= r * need + c + 1:
-                return Decision(Mode.SPOT, market.pools[best_j])
-            return job.current
-        reserve = r * need + (c + 1)
+                best_j, best_cost = j, cost
+        reserve = r * loss_per_tick + (c + 1)
+        if job.mode is Mode.SPOT:
+            return self._maybe_move(job, market, best_j, c, r, slack, reserve)
         if best_j >= 0:
             if job.mode is Mode.ON_DEMAND and slack - (c + 1) < reserve:
                 return ON_DEMAND
             return Decision(Mode.SPOT, market.pools[best_j])
-        hold = self.h * c if job.mode is Mode.ON_DEMAND else 0.0
-        if slack <= reserve + hold:
+        if job.mode is Mode.ON_DEMAND or slack <= reserve:
             return ON_DEMAND
         return IDLE
+
+    def _maybe_move(self, job: JobProgress, market: MarketView, best_j: int, c: float,
+                    r: float, slack: float, reserve: float) -> Decision:
+        """Stay on the current pool unless a move clearly pays for itself."""
+        i = market.pools.index(job.pool or "")
+        if best_j < 0 or best_j == i or slack - (c + 1) < reserve:
+            return job.current
+        price = market.price_now()
+        run = self._model(market, best_j).median_remaining(market.age_ticks(best_j))
+        gain = (price[i] - price[best_j]) * min(run - c, r)
+        if gain > self.MOVE_CHANGEOVERS * c * price[best_j]:
+            return Decision(Mode.SPOT, market.pools[best_j])
+        return job.current

@@ -72,7 +72,7 @@ def sub_token(token: str, suffix: str) -> str:
 
 
 def instance_tags(request: LaunchRequest) -> dict[str, str]:
-    """Tags on the instance and its volumes."""
+    """Tags on everything a launch creates: instance, volumes, template, fleet, spot request."""
     tags = dict(request.tags)
     tags.update({TAG_JOB: request.job_id, TAG_ATTEMPT: str(request.attempt_number),
                  TAG_MANAGED: "true", TAG_TOKEN: request.client_token})
@@ -168,6 +168,8 @@ def _run_instances_call(cfg: LaunchConfig, request: LaunchRequest, user_data: st
         if request.max_price_usd_per_hour:
             spot["MaxPrice"] = f"{request.max_price_usd_per_hour:.4f}"
         params["InstanceMarketOptions"] = {"MarketType": "spot", "SpotOptions": spot}
+        params["TagSpecifications"] = _tag_specs(
+            request, ("instance", "volume", "spot-instances-request"))
     return {"api": "ec2.run_instances", "params": params, "pools": [pool.key()]}
 
 
@@ -192,7 +194,8 @@ def _fleet_call(cfg: LaunchConfig, request: LaunchRequest, g: int,
         "TargetCapacitySpecification": {
             "TotalTargetCapacity": 1,
             "DefaultTargetCapacityType": "spot" if spot else "on-demand"},
-        "TagSpecifications": _tag_specs(request, ("instance",)),
+        # An instant fleet is a resource too; tagging it ties it to the attempt for billing.
+        "TagSpecifications": _tag_specs(request, ("instance", "fleet")),
     }
     if spot:
         params["SpotOptions"] = {"AllocationStrategy": "price-capacity-optimized"}

@@ -2,8 +2,10 @@
 
 The agent's config (AgentConfig JSON) travels in the user data and is written to
 /etc/spotrun/agent.json (mode 0600); the systemd unit runs
-`spotrun agent --user-data /etc/spotrun/agent.json`. `agent_json_from_user_data`
-reads it back (used by the test harness, and by anyone debugging an instance).
+`spotrun agent --user-data /etc/spotrun/agent.json --dir /var/lib/spotrun`. The config
+gets `shutdown_command` = power off, so an attempt that ended (for any reason) ends its
+instance too (shutdown behaviour terminate). `agent_json_from_user_data` reads the
+config back (used by the test harness, and by anyone debugging an instance).
 """
 
 from __future__ import annotations

@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import shutil
 import subprocess
 import sys
 from datetime import datetime, timedelta, timezone
@@ -23,21 +24,23 @@ import pytest
 from test_e2e_local import TRAIN_ARGS, _sha, job_log, wait_for
 
 from spotrun import layout
+from spotrun.agent.config import AgentConfig
 from spotrun.aws_clients import make_client
 from spotrun.config import AgentSettings, DaemonSettings
 from spotrun.daemon.app import build_context, build_runner
 from spotrun.db import Attempt, Job, attempts_of, session
-from spotrun.errors import ObjectNotFound, StoreError
+from spotrun.errors import ObjectNotFound, ProviderError, StoreError
 from spotrun.jobs import submit, validate_submission
 from spotrun.providers.aws import AwsProvider
-from spotrun.providers.aws_userdata import SHUTDOWN_COMMAND
-from spotrun.states import AttemptState, EndReason, JobState
+from spotrun.providers.aws_userdata import (AGENT_UNIT, SHUTDOWN_COMMAND,
+                                            agent_json_from_user_data, render_user_data)
+from spotrun.providers.base import LaunchRequest, Pool
+from spotrun.states import AttemptState, EndReason, JobState, Market
 from spotrun.store import open_store
 
 from .harness import POWEROFF_FILE, InstanceHost
 from .moto_fixtures import FAKE_ENV, MotoServer, moto_settings
 
-pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[2]
 BUCKET = "spotrun-e2e"
 TYPE = "g5.xlarge"
@@ -119,6 +122,7 @@ def _finished(ctx, job_id: str) -> Job | None:
         return job if job.state.is_terminal() else None
 
 
+@pytest.mark.slow
 def test_reclaim_with_notice_resumes_from_s3_bitwise_identical(reference_run, aws_e2e, ec2):
     ctx, runner, host, spec = aws_e2e
     job = submit(validate_submission(spec, ctx.settings), ctx.engine)
@@ -161,3 +165,70 @@ def test_reclaim_with_notice_resumes_from_s3_bitwise_identical(reference_run, aw
     out, err = reference_run.communicate(timeout=300)
     assert reference_run.returncode == 0, err[-2000:]
     assert _sha(job_log(ctx, done)) == _sha(out)
+
+
+def _has_cost_tags(tags: list[dict[str, str]], job_id: str, attempt: int) -> bool:
+    seen = {t["Key"]: t["Value"] for t in tags}
+    return seen.get("spotrun:job") == job_id and seen.get("spotrun:attempt") == str(attempt)
+
+
+def test_every_resource_a_launch_creates_carries_cost_tags(aws_settings, moto, ec2):
+    cfg = AgentConfig(job_id="job-t", attempt=3, store_uri="s3://b/s",
+                      checkpoint_uri="s3://b/s/ck", command="true")
+    req = LaunchRequest(job_id="job-t", attempt_number=3, client_token="tok-t",
+                        candidates=(Pool(TYPE, "us-east-1a", Market.SPOT),),
+                        user_data=cfg.to_json())
+    provider = AwsProvider.from_settings(aws_settings)
+    info = provider.launch(provider.plan_launch(req))
+    [inst] = ec2.describe_instances(InstanceIds=[info.instance_id])["Reservations"][0][
+        "Instances"]
+    assert _has_cost_tags(inst["Tags"], "job-t", 3)
+    vols = ec2.describe_volumes(Filters=[
+        {"Name": "attachment.instance-id", "Values": [info.instance_id]}])["Volumes"]
+    assert vols and all(_has_cost_tags(v["Tags"], "job-t", 3) for v in vols)
+    [fleet] = ec2.describe_fleets()["Fleets"]
+    assert _has_cost_tags(fleet["Tags"], "job-t", 3)
+    # The launch template lives only for the launch (it is deleted after); it was tagged.
+    sent = moto.layer.calls("CreateLaunchTemplate")[0].params
+    assert sent["TagSpecification.1.ResourceType"] == "launch-template"
+    assert _has_cost_tags([{"Key": sent[k], "Value": sent[k[:-3] + "Value"]}
+                           for k in sent if k.startswith("TagSpecification.1.Tag.")
+                           and k.endswith(".Key")], "job-t", 3)
+    # RunInstances (the other launch API) tags the spot request as well.
+    ri = AwsProvider.from_settings(dataclasses.replace(
+        aws_settings, aws=dataclasses.replace(aws_settings.aws, launch_api="run_instances")))
+    specs = ri.plan_launch(req).calls[0]["params"]["TagSpecifications"]
+    assert [s["ResourceType"] for s in specs] == ["instance", "volume", "spot-instances-request"]
+    assert all(_has_cost_tags(s["Tags"], "job-t", 3) for s in specs)
+
+
+def test_user_data_makes_the_agent_power_off_and_keeps_a_chosen_command():
+    cfg = AgentConfig(job_id="j", attempt=1, store_uri="s3://b/s", checkpoint_uri="s3://b/c",
+                      command="true")
+    text = render_user_data(cfg.to_json())
+    assert AgentConfig.from_json(agent_json_from_user_data(text)).shutdown_command == \
+        SHUTDOWN_COMMAND
+    mine = AgentConfig(**{**json.loads(cfg.to_json()), "shutdown_command": "halt -p"})
+    assert AgentConfig.from_json(agent_json_from_user_data(
+        render_user_data(mine.to_json()))).shutdown_command == "halt -p"
+    with pytest.raises(ProviderError):
+        render_user_data("not json")
+
+
+def test_agent_unit_restarts_only_abnormal_exits_and_verifies(tmp_path):
+    unit = dict(line.split("=", 1) for line in AGENT_UNIT.splitlines()
+                if "=" in line and not line.startswith("#"))
+    assert unit["Restart"] == "on-abnormal"     # a failed command is the daemon's to rerun
+    assert unit["StateDirectory"] == "spotrun"
+    assert unit["ExecStart"].endswith("--dir /var/lib/spotrun")
+    assert "User" not in unit                   # root: the agent powers the instance off
+    assert (REPO / "systemd" / "spotrun-agent.service").read_text() == AGENT_UNIT
+    tool = shutil.which("systemd-analyze")
+    if tool is None:
+        pytest.skip("systemd-analyze is not installed")
+    # verify insists the binary exists; the instance's venv does not exist here.
+    path = tmp_path / "spotrun-agent.service"
+    path.write_text(AGENT_UNIT.replace("/opt/spotrun/bin/spotrun", sys.executable))
+    out = subprocess.run([tool, "verify", str(path)], capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0 and not out.stderr.strip(), out.stderr

@@ -1,0 +1,145 @@
+"""The daemon as a system service: the unit files verify and are hardened; SIGTERM stops the
+real daemon process cleanly, SIGHUP reloads safe settings, `daemon --check` tells health."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from spotrun.daemon.lease import Lease
+from spotrun.db import open_db
+
+from conftest import kill_leftovers, write_trace
+from daemon_helpers import DaemonProc, wait_for, write_home
+
+REPO = Path(__file__).resolve().parent.parent
+UNITS = REPO / "systemd"
+SPOTRUN_BIN = Path(sys.executable).parent / "spotrun"
+
+
+def _unit(name: str) -> dict[str, list[str]]:
+    """key -> values of a unit file (keys may repeat)."""
+    out: dict[str, list[str]] = {}
+    for line in (UNITS / name).read_text().splitlines():
+        line = line.strip()
+        if line and not line.startswith(("#", "[")) and "=" in line:
+            k, v = line.split("=", 1)
+            out.setdefault(k, []).append(v)
+    return out
+
+
+def test_daemon_unit_is_hardened():
+    u = _unit("spotrun-daemon.service")
+    assert u["DynamicUser"] == ["yes"] or u.get("User") == ["spotrun"]
+    for key in ("NoNewPrivileges", "ProtectHome", "PrivateTmp"):
+        assert u[key] == ["yes"], key
+    assert u["ProtectSystem"] == ["strict"]
+    assert u["StateDirectory"] == ["spotrun"]
+    assert "SPOTRUN_HOME=/var/lib/spotrun" in u["Environment"]
+    assert u["KillSignal"] == ["SIGTERM"]
+    assert u["ExecReload"] == ["/bin/kill -HUP $MAINPID"]
+    assert u["ExecStart"][0].endswith("spotrun daemon")
+    # Credentials only from the AWS default chain: no keys in the unit.
+    text = (UNITS / "spotrun-daemon.service").read_text()
+    assert "AWS_ACCESS_KEY_ID" not in text and "AWS_SECRET_ACCESS_KEY" not in text
+
+
+@pytest.mark.parametrize("name", ["spotrun-daemon.service", "spotrun-agent.service"])
+def test_units_pass_systemd_analyze_verify(name: str, tmp_path: Path):
+    tool = shutil.which("systemd-analyze")
+    if tool is None:
+        pytest.skip("systemd-analyze is not installed (apt-get install systemd)")
+    if not (UNITS / name).exists():
+        pytest.skip(f"{name} is not in this tree")
+    # verify checks that ExecStart exists: point it at this environment's spotrun.
+    text = (UNITS / name).read_text().replace("/opt/spotrun/bin/spotrun", str(SPOTRUN_BIN))
+    (tmp_path / name).write_text(text)
+    out = subprocess.run([tool, "verify", str(tmp_path / name)], capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert name not in out.stderr, out.stderr
+
+
+def _check(home: Path) -> tuple[int, dict]:
+    env = dict(os.environ, SPOTRUN_HOME=str(home))
+    env.pop("SPOTRUN_DB_URL", None)
+    out = subprocess.run([sys.executable, "-m", "spotrun", "daemon", "--check"], env=env,
+                         capture_output=True, text=True, timeout=60)
+    return out.returncode, json.loads(out.stdout)
+
+
+def _events(log: Path, name: str) -> list[dict]:
+    out = []
+    for line in log.read_text(errors="replace").splitlines():
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            continue
+        if rec.get("event") == name:
+            out.append(rec)
+    return out
+
+
+def test_sigterm_stops_cleanly_sighup_reloads_and_check_reports(tmp_home: Path, tmp_path: Path):
+    trace = write_trace(tmp_path / "trace.csv", {"za": [1] * 20}, tick_s=600.0)
+    write_home(tmp_home, trace, hb_timeout=30.0, lease_ttl=5.0)
+    code, report = _check(tmp_home)
+    assert code == 1 and "no database" in report["reason"]
+    log = tmp_path / "daemon.log"
+    d = DaemonProc(tmp_home, log)
+    try:
+        wait_for(lambda: _events(log, "lease_acquired"), 30, "the daemon to take the lease")
+        code, report = _check(tmp_home)
+        assert code == 0 and report["ok"], report
+        assert report["lease"]["pid"] == d.proc.pid
+
+        # SIGHUP: a safe key is applied, a key that needs a restart is reported, not applied.
+        toml = (tmp_home / "spotrun.toml").read_text()
+        toml = toml.replace("heartbeat_timeout_s = 30.0", "heartbeat_timeout_s = 45.0")
+        toml = 'region = "eu-west-1"\n' + toml
+        (tmp_home / "spotrun.toml").write_text(toml)
+        os.kill(d.proc.pid, signal.SIGHUP)
+        rec = wait_for(lambda: _events(log, "reloaded"), 30, "the reload")[0]
+        assert rec["applied"] == ["daemon.heartbeat_timeout_s"]
+        assert rec["ignored_need_restart"] == ["region"]
+        assert rec["heartbeat_timeout_s"] == 45.0
+        assert d.proc.poll() is None
+
+        # SIGTERM: the loops stop after the pass in progress, the lease is released, exit 0.
+        assert d.terminate(timeout_s=30) == 0
+        assert _events(log, "daemon_exit")[-1]["reason"] == "stopped"
+        engine = open_db(f"sqlite:///{tmp_home / 'spotrun.db'}")
+        assert Lease(engine, ttl_s=5).holder() is None
+        engine.dispose()
+        code, report = _check(tmp_home)
+        assert code == 1 and report["reason"] == "no daemon holds the lease"
+    finally:
+        if d.proc.poll() is None:
+            d.kill()
+        kill_leftovers(tmp_home / "market")
+
+
+def test_sigterm_while_waiting_for_the_lease_exits_cleanly(tmp_home: Path, tmp_path: Path):
+    trace = write_trace(tmp_path / "trace.csv", {"za": [1] * 20}, tick_s=600.0)
+    write_home(tmp_home, trace, lease_ttl=60.0)
+    engine = open_db(f"sqlite:///{tmp_home / 'spotrun.db'}")
+    other = Lease(engine, ttl_s=60.0, owner="elsewhere")   # this test process, alive
+    assert other.try_acquire()
+    log = tmp_path / "daemon.log"
+    d = DaemonProc(tmp_home, log)
+    try:
+        wait_for(lambda: _events(log, "lease_waiting"), 30, "the daemon to wait")
+        assert d.terminate(timeout_s=30) == 0
+        assert not _events(log, "lease_acquired")
+        assert other.holder().owner == "elsewhere"
+    finally:
+        if d.proc.poll() is None:
+            d.kill()
+        engine.dispose()
