@@ -47,6 +47,7 @@ class DaemonSettings:
     lease_renew_interval_s: float = 5.0  # how often the lease holder renews it
     orphan_interval_s: float = 10.0      # how often the orphan sweeper looks
     orphan_grace_s: float = 60.0         # an unowned spotrun instance lives this long first
+    price_interval_s: float = 300.0      # how often spot price history is recorded (PricePoint)
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterator
 
-from sqlalchemy import DateTime, TypeDecorator
+from sqlalchemy import DateTime, TypeDecorator, UniqueConstraint
 from sqlalchemy import event as sa_event
 from sqlalchemy.engine import Engine
 from sqlmodel import Field, Session, SQLModel, create_engine, select
@@ -155,6 +155,21 @@ class LedgerMark(SQLModel, table=True):
     closed: bool = False                # final billing rules applied; nothing more to book
     version: int = 0
     state_json: str = "{}"              # small booker state (e.g. keys seen in the store)
+
+
+class PricePoint(SQLModel, table=True):
+    """A recorded spot price change point of one pool (the daemon's PriceLoop writes them)."""
+
+    __table_args__ = (UniqueConstraint("instance_type", "zone", "ts",
+                                       name="uq_pricepoint_type_zone_ts"),)
+
+    id: int | None = Field(default=None, primary_key=True)
+    instance_type: str = Field(index=True)
+    zone: str
+    ts: datetime = Field(sa_type=UTCDateTime, index=True)   # provider clock
+    price_usd_per_hour: float
+    source: str = ""                    # provider name the point came from
+    recorded_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
 
 
 class Meta(SQLModel, table=True):

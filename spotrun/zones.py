@@ -35,8 +35,8 @@ def known_zones(settings: Settings) -> list[str]:
         if settings.local.pools:
             pools = [p for p in pools if p in settings.local.pools]
         return pools
-    aws = getattr(settings, "aws", None)
-    subnets = getattr(aws, "subnet_ids", None) if aws is not None else None
+    # Configured subnets ("zone=subnet-id") say where launches can go.
+    subnets = [s.split("=", 1)[0].strip() for s in settings.aws.subnets if "=" in s]
     if subnets:
-        return sorted(subnets)
+        return sorted(set(subnets))
     return list(DEFAULT_AWS_ZONES.get(settings.region, []))

@@ -26,7 +26,7 @@ from conftest import kill_leftovers, write_trace
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parent.parent
-TRAIN_ARGS = "--steps 800 --hidden 64 --samples 2048 --log-every 100"
+TRAIN_ARGS = "--steps 1200 --hidden 64 --samples 2048 --log-every 100"
 
 TOML = """
 [local]
@@ -56,7 +56,7 @@ def e2e(tmp_home: Path, tmp_path: Path):
     (code / "train.py").write_text((REPO / "configs" / "demo" / "train.py").read_text())
     spec = tmp_path / "job.yaml"
     spec.write_text(f"name: e2e\ncommand: python train.py {TRAIN_ARGS}\nworkdir: code\n"
-                    "work: {total_steps: 800}\ncheckpoint: {interval_minutes: 1}\n"
+                    "work: {total_steps: 1200}\ncheckpoint: {interval_minutes: 1}\n"
                     "policy: {market: spot}\n")
     settings = load_settings(str(tmp_home))
     ctx = build_context(settings)
@@ -127,8 +127,8 @@ def test_reclaims_with_notice_resume_bitwise_identical(e2e, tmp_path):
     runner.start()
     client = ctx.provider.client
     for number in (1, 2):
-        att = running_attempt(ctx, job.id, number, min_progress=60)
-        client.interrupt(att.instance_id, in_s=120.0, notice=True)  # 2 wall s of notice
+        att = running_attempt(ctx, job.id, number, min_progress=30)
+        client.interrupt(att.instance_id, in_s=60.0, notice=True)  # 1 wall s of notice
     done = finished(ctx, job.id)
     runner.stop(wait=True)
     assert done.state is JobState.SUCCEEDED, done.reason

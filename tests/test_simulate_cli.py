@@ -101,7 +101,7 @@ def test_table_output(trace_files):
     res = invoke(*base_args(trace, prices), "--starts", "3", "--policy", "spotrun",
                  "--policy", "on-demand")
     assert res.exit_code == 0
-    assert "spotrun" in res.output and "vs on-demand" in res.output
+    assert "spotrun" in res.output and "vs OD" in res.output
 
 
 @pytest.mark.parametrize("extra,flag", [

@@ -84,8 +84,7 @@ def _print_table(model: SimModel, summary: dict, elapsed_s: float) -> None:
 
     runs = next(iter(summary.values()))["runs"]
     table = Table(title=f"{runs} runs on {', '.join(model.pools)}")
-    for col in ("policy", "runs", "mean cost USD", "vs on-demand", "vs optimal",
-                "deadlines met"):
+    for col in ("policy", "runs", "mean USD", "vs OD", "vs optimal", "met"):
         table.add_column(col, justify="left" if col == "policy" else "right", no_wrap=True)
     for name, s in summary.items():
         vs_opt = s["mean_cost_vs_optimal"]

@@ -243,4 +243,6 @@ def build_agent_config(settings: Settings, provider_name: str, job: Job,
         heartbeat_interval_s=st.agent.heartbeat_interval_s,
         notice_poll_interval_s=st.agent.notice_poll_interval_s,
         log_flush_interval_s=st.agent.log_flush_interval_s,
-        deadman_timeout_s=st.daemon.deadman_timeout_s, region=st.region)
+        deadman_timeout_s=st.daemon.deadman_timeout_s, region=st.region,
+        **({"imds_endpoint": st.aws.imds_endpoint}
+           if provider_name == "aws" and st.aws.imds_endpoint else {}))

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import os
 import tempfile
 from pathlib import Path
@@ -10,9 +9,9 @@ from urllib.parse import unquote, urlparse
 
 from spotrun.errors import ConfigError, ObjectNotFound, StoreError
 from spotrun.store.base import ObjectInfo, ProgressFn, join_key, validate_key
+from spotrun.store.localfile import TMP_PREFIX, fsync_dir, write_atomic
 
 _CHUNK = 4 * 1024 * 1024
-_TMP_PREFIX = ".tmp-"
 
 
 class FileStore:
@@ -44,29 +43,7 @@ class FileStore:
 
     def _write_atomic(self, dest: Path, chunks, progress: ProgressFn | None = None,
                       total: int = 0) -> str:
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        digest = hashlib.sha256()
-        fd, tmp = tempfile.mkstemp(prefix=_TMP_PREFIX, dir=dest.parent)
-        done = 0
-        try:
-            with os.fdopen(fd, "wb") as f:
-                for chunk in chunks:
-                    f.write(chunk)
-                    digest.update(chunk)
-                    done += len(chunk)
-                    if progress:
-                        progress(done, total)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, dest)
-            _fsync_dir(dest.parent)
-        except BaseException:
-            try:
-                os.unlink(tmp)
-            except FileNotFoundError:
-                pass
-            raise
-        return digest.hexdigest()
+        return write_atomic(dest, chunks, progress, total)
 
     def put_bytes(self, key: str, data: bytes) -> None:
         """Write atomically."""
@@ -76,7 +53,7 @@ class FileStore:
         """Create key only if missing (link(2) fails if the name exists)."""
         dest = self._path(key)
         dest.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=_TMP_PREFIX, dir=dest.parent)
+        fd, tmp = tempfile.mkstemp(prefix=TMP_PREFIX, dir=dest.parent)
         try:
             with os.fdopen(fd, "wb") as f:
                 f.write(data)
@@ -86,7 +63,7 @@ class FileStore:
                 os.link(tmp, dest)
             except FileExistsError:
                 return False
-            _fsync_dir(dest.parent)
+            fsync_dir(dest.parent)
             return True
         finally:
             os.unlink(tmp)
@@ -146,7 +123,7 @@ class FileStore:
             return out
         for dirpath, _dirs, files in os.walk(base_dir):
             for name in files:
-                if name.startswith(_TMP_PREFIX):
+                if name.startswith(TMP_PREFIX):
                     continue
                 full = Path(dirpath) / name
                 key = full.relative_to(self.root).as_posix()
@@ -160,25 +137,21 @@ class FileStore:
 
     def delete(self, key: str) -> None:
         """Remove the object; missing is fine."""
+        path = self._path(key)
         try:
-            self._path(key).unlink()
+            path.unlink()
         except FileNotFoundError:
-            pass
+            return
         except IsADirectoryError:
             raise StoreError("key names a prefix, not an object", field="key", value=key) from None
-
-
-def _fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
+        # Empty folders are invisible to list(); remove them so retention leaves no husks.
+        parent = path.parent
+        while parent != self.root and self.root in parent.parents:
+            try:
+                parent.rmdir()
+            except OSError:
+                break
+            parent = parent.parent
 
 
 __all__ = ["FileStore", "join_key"]

@@ -12,7 +12,6 @@ from __future__ import annotations
 import base64
 import hashlib
 import os
-import tempfile
 from pathlib import Path
 from typing import Any, Iterator
 from urllib.parse import urlparse
@@ -20,6 +19,7 @@ from urllib.parse import urlparse
 from spotrun.aws_clients import RetryPolicy, call, error_code, make_client
 from spotrun.errors import ChecksumMismatch, ConfigError, ObjectNotFound, StoreError
 from spotrun.store.base import ObjectInfo, ProgressFn, join_key, validate_key
+from spotrun.store.localfile import write_atomic
 
 META_SHA = "sha256"
 MIN_PART_SIZE = 5 * 1024 * 1024          # S3's floor for every part but the last
@@ -197,31 +197,13 @@ class S3Store:
         resp = self._get(key)
         total = int(resp.get("ContentLength", 0))
         expected = (resp.get("Metadata") or {}).get(META_SHA)
-        dest = Path(path)
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=dest.parent)
-        digest = hashlib.sha256()
-        done = 0
-        try:
-            with os.fdopen(fd, "wb") as f:
-                for chunk in resp["Body"].iter_chunks(_READ_CHUNK):
-                    f.write(chunk)
-                    digest.update(chunk)
-                    done += len(chunk)
-                    if progress:
-                        progress(done, total)
-                f.flush()
-                os.fsync(f.fileno())
-            if expected and digest.hexdigest() != expected:
+
+        def check(sha: str) -> None:
+            if expected and sha != expected:
                 raise ChecksumMismatch("sha256 differs from the recorded one", field="key",
                                        value=key)
-            os.replace(tmp, dest)
-        except BaseException:
-            try:
-                os.unlink(tmp)
-            except FileNotFoundError:
-                pass
-            raise
+
+        write_atomic(Path(path), resp["Body"].iter_chunks(_READ_CHUNK), progress, total, check)
 
     def exists(self, key: str) -> bool:
         """True if the object exists."""

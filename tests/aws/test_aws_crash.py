@@ -12,7 +12,6 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
-import pytest
 
 from spotrun.daemon.app import build_context
 from spotrun.daemon.reconcile import ReconcileLoop

@@ -1,0 +1,2 @@
+"""The tick simulator behind `spotrun simulate`: model (model.py), one run (engine.py),
+many runs and their summary (runner.py). Policies come from `spotrun.policy`."""
