@@ -57,7 +57,15 @@ def write_manifest(store: ObjectStore, step: int, files: dict[str, dict[str, Any
     name = checkpoint_name(step)
     m = Manifest(name=name, step=step, created=datetime.now(timezone.utc).isoformat(),
                  files=files, extra=extra or {})
-    store.put_bytes(f"{name}/{MANIFEST}", m.to_json())
+    key = f"{name}/{MANIFEST}"
+    # Conditional put: publishing is a create, so a late or duplicate writer of the same step
+    # cannot silently replace a manifest another writer made.
+    if not store.put_if_absent(key, m.to_json()):
+        existing = read_manifest(store, name)
+        if existing.files == files:
+            return existing
+        # The same step was saved again with other bytes: its files now match this manifest.
+        store.put_bytes(key, m.to_json())
     return m
 
 

@@ -47,6 +47,12 @@ class DaemonSettings:
     lease_renew_interval_s: float = 5.0  # how often the lease holder renews it
     orphan_interval_s: float = 10.0      # how often the orphan sweeper looks
     orphan_grace_s: float = 60.0         # an unowned spotrun instance lives this long first
+    # Deadline jobs: the shared placement policy (spotrun.policy) decides each interval.
+    policy: str = "spotrun"              # a name in spotrun.policy.POLICIES
+    policy_tick_s: float = 0.0           # decision interval, provider-clock seconds;
+    #   0 = the local market's trace tick, else 300
+    policy_changeover_s: float = 0.0     # restart overhead the policy assumes, provider
+    #   seconds; 0 = the cost model's restart estimate for the pool
     price_interval_s: float = 300.0      # how often spot price history is recorded (PricePoint)
 
 

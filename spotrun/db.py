@@ -69,6 +69,9 @@ class Job(SQLModel, table=True):
     last_step: int = 0
     total_steps: int | None = None
     reason: str | None = None           # why the job ended, for failed/budget states
+    # The deadline on the provider's clock, fixed at the first scheduling pass (the local
+    # market's clock runs faster than the wall); None = use the spec's deadline as written.
+    deadline_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
     budget_stop_requested: bool = False  # spend loop: stop (checkpoint, terminate) for budget
 
     @property

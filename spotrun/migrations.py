@@ -37,9 +37,16 @@ def _columns_added_by_helpers(conn: Connection) -> None:
     """Version 2: columns added to Job/Attempt/SpendEntry after version 1 (added generically)."""
 
 
+def _end_reason_moved(conn: Connection) -> None:
+    """Version 3: EndReason.MOVED; PostgreSQL's native enum type needs the new label."""
+    if conn.dialect.name == "postgresql":
+        conn.execute(text("ALTER TYPE endreason ADD VALUE IF NOT EXISTS 'MOVED'"))
+
+
 STEPS: list[Step] = [
     Step(2, "columns added after v1 (budget stop, checkpoint figures, running_at, ...)",
          _columns_added_by_helpers),
+    Step(3, "end reason 'moved' (placement policy moves)", _end_reason_moved),
 ]
 LATEST = max(s.version for s in STEPS)
 

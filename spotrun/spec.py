@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any, Iterable
@@ -99,6 +99,15 @@ class JobSpec:
         d["resources"]["instance_types"] = list(self.resources.instance_types)
         d["resources"]["zones"] = list(self.resources.zones)
         return d
+
+
+def job_spec(job: Any) -> JobSpec:
+    """A stored job's spec, its deadline on the provider's clock once the daemon fixed it."""
+    spec = spec_from_dict(job.spec)
+    deadline_at = getattr(job, "deadline_at", None)
+    if deadline_at is not None and spec.policy.deadline is not None:
+        spec = replace(spec, policy=replace(spec.policy, deadline=deadline_at.isoformat()))
+    return spec
 
 
 def spec_from_dict(d: dict[str, Any]) -> JobSpec:

@@ -54,6 +54,8 @@ class EndReason(str, Enum):
     LOST = "lost"                  # no heartbeat / vanished without a reason
     BUDGET = "budget"
     DEADMAN = "deadman"            # agent shut down because the daemon went silent
+    MOVED = "moved"                # the placement policy moved the job (another pool,
+    #                                on-demand, or waiting)
 
 
 class Market(str, Enum):

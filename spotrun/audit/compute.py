@@ -15,7 +15,7 @@ from typing import Callable
 
 from sqlmodel import Session, select
 
-from spotrun.audit.regret import hindsight_regret_usd
+from spotrun.audit.regret import hindsight
 from spotrun.db import Attempt, Job, SpendEntry, attempts_of, find_job, iter_jobs
 from spotrun.errors import NotFoundError
 from spotrun.ledger.intervals import seconds_between
@@ -88,6 +88,7 @@ class JobAudit:
     kept_steps: int = 0
     ledger_rows: int = 0
     hindsight_regret_usd: float | None = None
+    hindsight_optimal_usd: float | None = None   # instance cost of the best schedule
     waste: dict[str, WasteLine] = field(default_factory=dict)
     attempts: list[AttemptAudit] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
@@ -110,6 +111,7 @@ class JobAudit:
             "saved_usd": self.saved_usd, "saved_fraction": self.saved_fraction,
             "preemptions": self.preemptions, "kept_steps": self.kept_steps,
             "ledger_rows": self.ledger_rows, "hindsight_regret_usd": self.hindsight_regret_usd,
+            "hindsight_optimal_usd": self.hindsight_optimal_usd,
             "waste": {k: {"hours": w.hours, "usd": w.usd} for k, w in self.waste.items()},
             "attempts": [vars(a).copy() for a in self.attempts],
             "notes": list(self.notes),
@@ -158,7 +160,9 @@ def audit_job(s: Session, job: Job, *, since: datetime | None = None,
     out.saved_usd = out.baseline_on_demand_usd - out.actual_usd
     out.saved_fraction = (out.saved_usd / out.baseline_on_demand_usd
                           if out.baseline_on_demand_usd > 0 else None)
-    out.hindsight_regret_usd = hindsight_regret_usd(s, job, out.actual_usd)
+    h = hindsight(s, job)
+    if h is not None:
+        out.hindsight_optimal_usd, out.hindsight_regret_usd = h.optimal_usd, h.regret_usd
     return out
 
 

@@ -1,34 +1,97 @@
-"""Hook for hindsight regret: the cost of the best schedule given what was observed.
+"""Hindsight regret: what the job's instances cost minus the best schedule in hindsight.
 
-`spotrun.policy.optimal.optimal_costs(model, rows)` solves it for a SimModel (a
-trace of pool availability and prices, the work and deadline in ticks). What is
-missing is a per-job model: the availability the job's pools had over its
-window (the local market's trace; on AWS only our own reclaims are observed).
-Until a `SimModel` can be built from a job, the audit reports None.
+`spotrun.policy.optimal.optimal_costs(model, rows)` solves the optimum for a SimModel;
+a builder registered in `MODEL_FOR_JOB["default"]` turns a finished job into one
+(`spotrun.audit.observed.build_observed_model`). `spotrun audit` registers it with
+`use_observed_model(settings)`: the local provider's market trace as the truth when
+there is one, else only the daemon's own observations. Without a builder the audit
+reports None.
+
+Regret compares like with like: the job's instance spend (compute, adjustment and
+correction rows, spot and on-demand) against the model's instance cost. Storage and
+volume lines are not in the model. AWS does not charge a spot instance reclaimed in its
+first hour; the model pays every tick it ran, so a job with free reclaims can show a
+negative regret (it was cheaper than any schedule that pays for its time).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Callable
 
-from sqlmodel import Session
+from sqlmodel import Session, select
 
-from spotrun.db import Job
+from spotrun.db import Job, SpendEntry
+from spotrun.ledger.rules import SpendKind
 
 # (session, job) -> (SimModel, start row) or None; set by whoever can build the model.
 ModelForJob = Callable[[Session, Job], "tuple[Any, int] | None"]
 MODEL_FOR_JOB: dict[str, ModelForJob] = {}
 
 
-def hindsight_regret_usd(s: Session, job: Job, actual_usd: float | None = None) -> float | None:
-    """Actual cost minus the hindsight-optimal cost for a finished job; None if no model."""
+@dataclass(frozen=True)
+class Hindsight:
+    """The optimum and the regret of one finished job (USD)."""
+
+    instance_usd: float
+    optimal_usd: float
+    regret_usd: float
+
+
+def observed_builder(od_price: Callable[[str], "float | None"],
+                     truth: Any = None) -> ModelForJob:
+    """A MODEL_FOR_JOB builder over build_observed_model with these prices and truth."""
+    def build(s: Session, job: Job) -> "tuple[Any, int] | None":
+        from spotrun.audit.observed import build_observed_model
+        built = build_observed_model(s, job, od_price=od_price, truth=truth)
+        return None if built is None else (built.model, 0)
+    return build
+
+
+def use_observed_model(settings: Any) -> None:
+    """Register the observed-model builder for these settings (region; local market truth)."""
+    from spotrun.catalog import load_catalog
+    cat = load_catalog("aws")
+
+    def od_price(instance_type: str) -> float | None:
+        t = cat.types.get(instance_type)
+        return t.on_demand_price(settings.region) if t is not None else None
+
+    truth = None
+    if settings.provider == "local":
+        from spotrun.audit.market_truth import LocalMarketTruth
+        truth = LocalMarketTruth.from_settings(settings)
+    MODEL_FOR_JOB["default"] = observed_builder(od_price, truth)
+
+
+def instance_usd(s: Session, job_id: str) -> float:
+    """The job's instance spend: compute, adjustment and correction rows of every attempt."""
+    kinds = list(SpendKind.instance_kinds())
+    rows = s.exec(select(SpendEntry.usd).where(SpendEntry.job_id == job_id,
+                                               SpendEntry.kind.in_(kinds)))
+    return float(sum(rows))
+
+
+def hindsight(s: Session, job: Job) -> Hindsight | None:
+    """Optimum and regret for a finished job; None if unfinished, no builder, or no model."""
     builder = MODEL_FOR_JOB.get("default")
-    if not job.state.is_terminal() or builder is None or actual_usd is None:
+    if not job.state.is_terminal() or builder is None:
         return None
     built = builder(s, job)
     if built is None:
         return None
-    from spotrun.policy.optimal import optimal_costs
     import numpy as np
+
+    from spotrun.policy.optimal import optimal_costs
     model, row = built
-    return actual_usd - float(optimal_costs(model, np.asarray([row]))[0])
+    best = float(optimal_costs(model, np.asarray([row]))[0])
+    if not np.isfinite(best):
+        return None
+    actual = instance_usd(s, job.id)
+    return Hindsight(instance_usd=actual, optimal_usd=best, regret_usd=actual - best)
+
+
+def hindsight_regret_usd(s: Session, job: Job, actual_usd: float | None = None) -> float | None:
+    """Instance spend minus the hindsight-optimal cost; None if no model (actual_usd unused)."""
+    h = hindsight(s, job)
+    return None if h is None else h.regret_usd

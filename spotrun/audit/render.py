@@ -17,15 +17,18 @@ TABLE_COLUMNS: list[tuple[str, str]] = [
     ("saved_fraction", "saved %"), ("preemptions", "preempt."),
     ("waste_lost_work_usd", "lost work $"), ("waste_restart_overhead_usd", "restart $"),
     ("waste_waiting_for_capacity_hours", "wait h"), ("waste_checkpoint_stall_usd", "stall $"),
+    ("hindsight_optimal_usd", "optimal $"), ("hindsight_regret_usd", "regret $"),
 ]
 CSV_COLUMNS: list[str] = (
     [k for k, _ in TABLE_COLUMNS[:8]]
     + ["baseline_reference_usd", "reference_instance", "saved_usd", "saved_fraction",
-       "preemptions", "kept_steps", "ledger_rows", "hindsight_regret_usd"]
+       "preemptions", "kept_steps", "ledger_rows", "hindsight_regret_usd",
+       "hindsight_optimal_usd"]
     + [f"waste_{c}_{u}" for c in WASTE_CAUSES for u in ("hours", "usd")])
 _SUMMED = ["spot_usd", "on_demand_usd", "volume_usd", "storage_usd", "actual_usd",
            "baseline_on_demand_usd", "baseline_reference_usd", "saved_usd", "preemptions",
-           "kept_steps", "ledger_rows"] + [f"waste_{c}_{u}" for c in WASTE_CAUSES
+           "kept_steps", "ledger_rows", "hindsight_optimal_usd",
+           "hindsight_regret_usd"] + [f"waste_{c}_{u}" for c in WASTE_CAUSES
                                            for u in ("hours", "usd")]
 
 

@@ -13,6 +13,7 @@ from rich.console import Console
 from rich.table import Table
 
 from spotrun.audit import audit_jobs
+from spotrun.audit.regret import use_observed_model
 from spotrun.audit.render import TABLE_COLUMNS, cell, flat, to_csv, totals
 from spotrun.catalog import load_catalog
 from spotrun.cli.common import echo_json, get_settings
@@ -49,17 +50,23 @@ def catalog_od_price(region: str):
 @click.option("--csv", "as_csv", is_flag=True, help="Print CSV: one row per job, then TOTAL.")
 @click.option("--plot", "plot_file", type=click.Path(dir_okay=False),
               help="Write cumulative spend vs baseline with reclaims marked (PNG).")
+@click.option("--reconcile", "do_reconcile", is_flag=True,
+              help="Compare each job's ledger with AWS Cost Explorer (tag spotrun:job).")
 def audit(jobs: tuple[str, ...], since: str | None, until: str | None, as_json: bool,
-          as_csv: bool, plot_file: str | None) -> None:
+          as_csv: bool, plot_file: str | None, do_reconcile: bool) -> None:
     """Actual spend against the on-demand baseline for JOBS (default: every job)."""
     if as_json and as_csv:
         raise BadInputError("give --json or --csv, not both", field="--csv")
+    if do_reconcile:
+        _reconcile(list(jobs), as_json, bad=as_csv or plot_file or since or until)
+        return
     t_since, t_until = _parse_time(since, "--since"), _parse_time(until, "--until")
     if t_since and t_until and t_until <= t_since:
         raise BadInputError("must be after --since", field="--until", value=until)
     if plot_file and not plot_file.lower().endswith(".png"):
         raise BadInputError("allowed: a file name ending in .png", field="--plot", value=plot_file)
     settings = get_settings()
+    use_observed_model(settings)
     engine = open_db(settings.database_url)
     with session(engine) as s:
         result = audit_jobs(s, list(jobs), since=t_since, until=t_until,
@@ -75,6 +82,54 @@ def audit(jobs: tuple[str, ...], since: str | None, until: str | None, as_json: 
         _table(result)
         if plot_file:
             click.echo(f"plot written to {plot_file}", err=True)
+
+
+def _reconcile(refs: list[str], as_json: bool, bad: object) -> None:
+    """Ledger vs Cost Explorer per job (aws provider only)."""
+    if bad:
+        raise BadInputError("--reconcile takes only JOBS and --json", field="--reconcile")
+    settings = get_settings()
+    if settings.provider != "aws":
+        raise BadInputError("needs provider = \"aws\" (Cost Explorer bills AWS usage)",
+                            field="--reconcile", value=settings.provider)
+    from spotrun.audit.reconcile import reconcile
+    from spotrun.aws_clients import RetryPolicy, call, make_client
+    from spotrun.db import utcnow
+    # Cost Explorer has one endpoint, in us-east-1, whatever region the instances ran in.
+    ce = make_client("ce", region="us-east-1", endpoint_url=settings.aws.endpoint_url)
+    policy = RetryPolicy.from_settings(settings.aws)
+    engine = open_db(settings.database_url)
+    with session(engine) as s:
+        jobs = _jobs(s, refs)
+        lines = reconcile(s, jobs, ce, now=utcnow(),
+                          call=lambda fn, **kw: call(policy, fn, **kw))
+    if as_json:
+        echo_json([ln.to_dict() for ln in lines])
+        return
+    t = Table(title="ledger vs Cost Explorer (USD, tagged instances and volumes)")
+    for header in ("job", "ledger $", "Cost Explorer $", "difference $", "note"):
+        t.add_column(header, justify="left" if header in ("job", "note") else "right")
+    for ln in lines:
+        note = (f"could not check: {ln.could_not_check}" if ln.could_not_check
+                else "estimated" if ln.estimated else "")
+        t.add_row(ln.id, cell("actual_usd", ln.ledger_usd),
+                  cell("actual_usd", ln.cost_explorer_usd),
+                  cell("actual_usd", ln.difference_usd), note)
+    Console().print(t)
+
+
+def _jobs(s, refs: list[str]):
+    from spotrun.db import find_job, iter_jobs
+    from spotrun.errors import NotFoundError
+    if not refs:
+        return list(iter_jobs(s))
+    out = []
+    for ref in refs:
+        job = find_job(s, ref)
+        if job is None:
+            raise NotFoundError("no such job", field="JOB", value=ref, hint="see `spotrun status`")
+        out.append(job)
+    return out
 
 
 def _table(result) -> None:

@@ -63,6 +63,8 @@ def build_loops(ctx: DaemonContext) -> list[Scheduled]:
             if ctx.provider.name == "aws" else 0.0
         loops.append(Scheduled(SpendLoop(ctx.engine, ctx.provider, volume_gb=volume_gb),
                                d.spend_interval_s))
+    from spotrun.daemon.prices import PriceLoop
+    loops.append(Scheduled(PriceLoop(ctx.engine, ctx.provider), d.price_interval_s))
     return loops
 
 

@@ -93,7 +93,8 @@ class ReconcileLoop:
                                                                        EndReason.LOST)
             detail = att.detail or "terminated by spotrun"
         else:
-            reason, detail = EndReason.LOST, f"instance ended ({info.cause.value if info.cause else 'unknown'}) without a report"
+            cause = info.cause.value if info.cause else "unknown"
+            reason, detail = EndReason.LOST, f"instance ended ({cause}) without a report"
         with session(self.ctx.engine) as s:
             a = s.get(Attempt, att.id)
             if a.state is AttemptState.TERMINATING and a.end_reason is not None \
@@ -118,6 +119,9 @@ class ReconcileLoop:
         job.updated_at = now
         if job.cancel_requested or reason is EndReason.CANCELLED:
             return  # _settle_jobs finishes the cancel once every instance is gone
+        if reason is EndReason.MOVED and any(
+                not a.state.is_terminal() for a in attempts_of(s, job.id) if a.id != att.id):
+            return  # a policy move: the job lives on in the attempt it moved to
         if reason is EndReason.COMPLETED:
             job.last_step = max(job.last_step, att.last_step)
             job.state = JobState.SUCCEEDED

@@ -1,5 +1,8 @@
 """Scheduling loop: launch an attempt for every job that needs an instance.
 
+Jobs with a deadline (market auto) are placed by the policy shared with `spotrun
+simulate` (placement.py): once per decision interval it says stay, launch, move or stop.
+
 Crash safety: the attempt row (with its client token) is committed before the
 launch call, so a daemon killed mid-launch re-issues the same token on restart
 and the provider returns the instance it already started instead of a second one.
@@ -18,13 +21,17 @@ from spotrun.agent.config import AgentConfig
 from spotrun.config import Settings
 from spotrun.daemon.choose import Choice, choose
 from spotrun.daemon.context import DaemonContext
+from spotrun.daemon.placement import PolicyPlacer, same_pool
+from spotrun.daemon.reconcile import terminate_attempt
 from spotrun.db import Attempt, Job, add_event, attempts_of, session
 from spotrun.errors import CapacityError, ProviderError, StoreError
 from spotrun.providers.base import TAG_ATTEMPT, TAG_JOB, TAG_MANAGED, LaunchRequest, Pool
-from spotrun.spec import spec_from_dict
+from spotrun.spec import job_spec, spec_from_dict
 from spotrun.states import AttemptState, EndReason, JobState, Market
 
 NEEDS_LAUNCH = (JobState.QUEUED, JobState.RECOVERING)
+# Deadline jobs are placed by the shared policy in every live state (it may move them).
+PLACED = (JobState.QUEUED, JobState.RECOVERING, JobState.STARTING, JobState.RUNNING)
 RETRY_AFTER_NO_CAPACITY_S = 2.0
 MAX_CANDIDATES = 8   # pools offered per launch; the next launch re-ranks anyway
 
@@ -37,23 +44,68 @@ class SchedulerLoop:
     def __init__(self, ctx: DaemonContext) -> None:
         self.ctx = ctx
         self._no_capacity_until: dict[str, datetime] = {}
+        self.placer = PolicyPlacer(ctx)
 
     def tick(self, now: datetime) -> None:
         """One scheduling pass."""
         self._finish_pending_launches()
         with session(self.ctx.engine) as s:
-            jobs = list(s.exec(select(Job).where(Job.state.in_(NEEDS_LAUNCH))))
+            jobs = list(s.exec(select(Job).where(Job.state.in_(PLACED))))
+        self.placer.retain({j.id for j in jobs})
         for job in jobs:
+            job = self._fix_deadline(job)
             if job.cancel_requested or job.budget_stop_requested:
+                continue
+            # Deadline jobs: the policy shared with `spotrun simulate` picks market and zone
+            # once per decision interval; the cost model still picks the type (placement.py).
+            if self.placer.manages(job):
+                self._place(job, now)
+                continue
+            if job.state not in NEEDS_LAUNCH:
                 continue
             if self._no_capacity_until.get(job.id, now) > now:
                 continue
             self._launch_for(job, now)
 
+    def _fix_deadline(self, job: Job) -> Job:
+        """Put a deadline on the provider's clock once, keeping its distance from submission.
+
+        A cloud's clock is the wall's, so nothing changes there; the local market runs
+        `time_scale` times faster, and "72 hours" means 72 of its hours.
+        """
+        scaled = self.ctx.provider.name == "local" and self.ctx.settings.local.time_scale != 1.0
+        deadline = spec_from_dict(job.spec).policy.deadline
+        if not scaled or deadline is None or job.deadline_at is not None:
+            return job
+        offset = datetime.fromisoformat(deadline) - job.created_at
+        with session(self.ctx.engine) as s:
+            j = s.get(Job, job.id)
+            j.deadline_at = self.ctx.provider.now() + offset
+            s.add(j)
+            s.commit()
+            return j
+
+    def _place(self, job: Job, now: datetime) -> None:
+        """Carry out the policy's decision: stay, launch, move (stop, then launch) or stop."""
+        p = self.placer.decide(job)
+        if p is None or not p.act:
+            return
+        current, target = p.current, p.target
+        if current is not None and target is not None and same_pool(current, target.pool):
+            return
+        if current is not None:
+            where = target.pool.key() if target is not None else "wait (idle)"
+            terminate_attempt(self.ctx, current, EndReason.MOVED, f"policy: {where}")
+        if target is None:
+            return
+        with session(self.ctx.engine) as s:
+            attempts = attempts_of(s, job.id)
+        self._start_attempt(job, attempts, [target], now)
+
     # ------------------------------------------------------------ launching
 
     def _launch_for(self, job: Job, now: datetime) -> None:
-        spec = spec_from_dict(job.spec)
+        spec = job_spec(job)
         with session(self.ctx.engine) as s:
             attempts = attempts_of(s, job.id)
         if any(not a.state.is_terminal() for a in attempts):
@@ -64,7 +116,12 @@ class SchedulerLoop:
         if not choices:
             self._wait(job, now, "no pool available now; waiting for capacity")
             return
-        pools = [c.pool for c in choices[:MAX_CANDIDATES]]
+        self._start_attempt(job, attempts, choices[:MAX_CANDIDATES], now)
+
+    def _start_attempt(self, job: Job, attempts: list[Attempt], choices: list[Choice],
+                       now: datetime) -> None:
+        """Intent row (with its client token) first, then the launch over choices in order."""
+        pools = [c.pool for c in choices]
         if not self._budget_allows(job, choices[0], now):
             return
         number = (attempts[-1].number + 1) if attempts else 1
