@@ -98,6 +98,7 @@ class Attempt(SQLModel, table=True):
     ended_at: datetime | None = Field(default=None, sa_type=UTCDateTime)    # provider clock
     end_reason: EndReason | None = None
     detail: str | None = None
+    candidates: str | None = None       # JSON list of the pool keys the launch may try
     start_step: int = 0
     last_step: int = 0
     steps_per_s: float | None = None   # measured by the training library

@@ -12,7 +12,7 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from spotrun.agent.config import AgentConfig
 
@@ -189,20 +189,6 @@ def start_agent(tmp_path: Path, config: AgentConfig, *, env: dict[str, str] | No
                                 cwd=instance, env=full_env, stdin=subprocess.DEVNULL,
                                 stdout=subprocess.DEVNULL, stderr=err)
     return proc, stderr_path
-
-
-def wait_for(predicate: Callable[[], Any], timeout_s: float = 20.0, what: str = "condition",
-             interval_s: float = 0.02) -> Any:
-    """Poll predicate until it returns something truthy, or fail at the deadline."""
-    deadline = time.monotonic() + timeout_s
-    pause = threading.Event()
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() >= deadline:
-            raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
-        pause.wait(interval_s)
 
 
 def read_json(path: Path) -> dict[str, Any] | None:

@@ -120,16 +120,3 @@ def local_market(market_factory: MarketFactory, tmp_path: Path) -> MarketClient:
     return market_factory(trace=trace, spot_price_usd_per_hour=0.9, time_scale=10.0)
 
 
-def wait_for(check: Callable[[], Any], timeout_s: float = 10.0, what: str = "condition") -> Any:
-    """Poll check() until it returns something truthy; fail after a deadline (no fixed sleeps)."""
-    import threading
-    import time
-    deadline = time.monotonic() + timeout_s
-    pause = threading.Event()
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
-        pause.wait(0.02)

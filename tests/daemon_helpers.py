@@ -12,11 +12,11 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from sqlmodel import select
+
 
 from spotrun.config import load_settings
 from spotrun.db import Attempt, Job, LedgerMark, open_db, session
@@ -139,20 +139,6 @@ class DaemonProc:
         if self.proc.poll() is None:
             os.kill(self.proc.pid, signal.SIGTERM)
         return self.proc.wait(timeout=timeout_s)
-
-
-def wait_for(check: Callable[[], Any], timeout_s: float, what: str,
-             interval_s: float = 0.05) -> Any:
-    """Poll check until truthy; AssertionError at the deadline (no fixed sleeps)."""
-    deadline = time.monotonic() + timeout_s
-    pause = threading.Event()
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
-        pause.wait(interval_s)
 
 
 def jobs_and_attempts(engine) -> tuple[dict[str, Job], list[Attempt]]:

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 import agent_helpers
-from agent_helpers import WORKLOAD, ImdsServer, make_config, read_json, wait_for
+from agent_helpers import WORKLOAD, ImdsServer, make_config, read_json
+from polling import wait_for
 from spotrun import layout
 from spotrun.agent.userdata import embed_config
 from spotrun.bundle import make_bundle

@@ -24,8 +24,8 @@ from spotrun.ledger.rules import SpendKind, rules_for
 from spotrun.states import AttemptState, EndReason, JobState, Market, TerminationCause
 
 from conftest import kill_leftovers, write_trace
-from daemon_helpers import (DaemonProc, all_booked, live_instance_pids, market_records,
-                            submit_job, wait_for, write_home, write_job)
+from daemon_helpers import (DaemonProc, all_booked, live_instance_pids, market_records, submit_job, write_home, write_job)
+from polling import wait_for
 
 pytestmark = pytest.mark.slow
 KILLS = 20

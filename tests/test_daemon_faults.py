@@ -20,8 +20,8 @@ from spotrun.states import AttemptState, EndReason, JobState
 from spotrun.store import open_store
 
 from conftest import kill_leftovers, write_trace
-from daemon_helpers import (FlakyStore, live_instance_pids, submit_job, wait_for, write_home,
-                            write_job)
+from daemon_helpers import FlakyStore, live_instance_pids, submit_job, write_home, write_job
+from polling import wait_for
 
 pytestmark = pytest.mark.slow
 

@@ -19,7 +19,8 @@ from typing import Iterator
 
 import pytest
 from click.testing import CliRunner
-from conftest import kill_leftovers, wait_for, write_prices, write_trace
+from conftest import kill_leftovers, write_prices, write_trace
+from polling import wait_for
 
 from spotrun.catalog import load_catalog
 from spotrun.cli.simulate import simulate

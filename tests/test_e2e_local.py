@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -23,6 +22,7 @@ from spotrun.jobs import submit, validate_submission
 from spotrun.states import AttemptState, EndReason, JobState
 
 from conftest import kill_leftovers, write_trace
+from polling import wait_for
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parent.parent
@@ -82,17 +82,6 @@ def _sha(text: str) -> str:
     lines = [ln for ln in text.splitlines() if ln.startswith("final-params-sha256: ")]
     assert lines, text[-2000:]
     return lines[-1].split(": ", 1)[1].strip()
-
-
-def wait_for(pred, timeout_s: float, what: str):
-    """Poll pred until it returns a truthy value or the deadline passes."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = pred()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def running_attempt(ctx, job_id: str, number: int, min_progress: int):

@@ -7,13 +7,14 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 
 import pytest
 
 from spotrun.errors import ObjectNotFound, StoreError
 from spotrun.store import open_store
 from spotrun.store.file import FileStore
+
+from polling import wait_for
 
 CHILD = textwrap.dedent("""
     import sys, pathlib
@@ -29,15 +30,6 @@ CHILD = textwrap.dedent("""
 """)
 
 
-def wait_for(pred, timeout_s=30.0):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if pred():
-            return True
-        time.sleep(0.01)
-    raise AssertionError("condition not met before the deadline")
-
-
 def test_kill_mid_write_keeps_old_object(tmp_path):
     root = tmp_path / "store"
     store = FileStore(root)
@@ -49,7 +41,7 @@ def test_kill_mid_write_keeps_old_object(tmp_path):
     p = subprocess.Popen([sys.executable, "-c", CHILD, str(root), str(src), str(marker)],
                          stdin=subprocess.PIPE)
     try:
-        wait_for(marker.exists)
+        wait_for(marker.exists, 30.0, "the child to be mid-write")
         os.kill(p.pid, signal.SIGKILL)
         p.wait(timeout=30)
     finally:

@@ -15,7 +15,8 @@ from spotrun.daemon.lease import Lease, LeaseGuard
 from spotrun.db import open_db
 
 from conftest import kill_leftovers, write_trace
-from daemon_helpers import DaemonProc, wait_for, write_home
+from daemon_helpers import DaemonProc, write_home
+from polling import wait_for
 
 
 class ManualClock:

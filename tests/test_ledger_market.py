@@ -11,7 +11,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
-from conftest import MarketFactory, wait_for, write_prices, write_trace
+from conftest import MarketFactory, write_prices, write_trace
+from polling import wait_for
 
 from spotrun.daemon.spend import SpendLoop
 from spotrun.db import Attempt, session

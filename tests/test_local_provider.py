@@ -9,7 +9,8 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
-from conftest import kill_leftovers, wait_for, write_prices, write_trace
+from conftest import kill_leftovers, write_prices, write_trace
+from polling import wait_for
 
 from spotrun.config import load_settings
 from spotrun.errors import CapacityError, ProviderError

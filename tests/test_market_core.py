@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
-from conftest import kill_leftovers, wait_for, write_trace
+from conftest import kill_leftovers, write_trace
+from polling import wait_for
 
 from spotrun.market import procs
 from spotrun.market.client import MarketClient, MarketRefused

@@ -9,7 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from conftest import MarketFactory, wait_for, write_trace
+from conftest import MarketFactory, write_trace
+from polling import wait_for
 
 from spotrun.market import procs
 from spotrun.market.client import MarketClient, ensure_market, read_live_info

@@ -18,7 +18,8 @@ from spotrun.providers.base import TAG_ATTEMPT, TAG_JOB, TAG_MANAGED
 from spotrun.providers.local import LocalProvider
 from spotrun.states import AttemptState, EndReason, Market
 
-from conftest import wait_for
+
+from polling import wait_for
 
 GRACE_S = 5.0
 T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)

@@ -24,7 +24,8 @@ from spotrun.migrations import LATEST, missing_columns, stored_version
 from spotrun.states import JobState
 
 from conftest import kill_leftovers, write_trace
-from daemon_helpers import live_instance_pids, wait_for, write_home, write_job
+from daemon_helpers import live_instance_pids, write_home, write_job
+from polling import wait_for
 
 
 def test_sqlite_is_wal_with_busy_timeout_and_owner_only(tmp_path: Path):

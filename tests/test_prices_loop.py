@@ -28,7 +28,7 @@ def _db(tmp_path: Path, state: JobState = JobState.RUNNING):
         s.add(Attempt(job_id="j", number=1, market=Market.ON_DEMAND, instance_type="g5.xlarge",
                       zone="za", price_usd_per_hour=1.0, client_token="t",
                       state=AttemptState.LAUNCHING,
-                      detail=json.dumps([f"{P3}/za/spot", "g5.xlarge/za/on-demand"])))
+                      candidates=json.dumps([f"{P3}/za/spot", "g5.xlarge/za/on-demand"])))
         s.commit()
     return eng
 

@@ -15,7 +15,8 @@ from typing import Callable, Iterator
 
 import pytest
 from aws.moto_fixtures import MotoServer, moto, moto_server, moto_settings  # noqa: F401
-from conftest import MarketFactory, wait_for, write_trace
+from conftest import MarketFactory, write_trace
+from polling import wait_for
 
 from spotrun.aws_clients import make_client
 from spotrun.errors import CapacityError

@@ -24,7 +24,8 @@ from spotrun.db import Attempt, Job, PricePoint, SpendEntry, attempts_of, open_d
 from spotrun.states import AttemptState, EndReason, JobState, Market
 
 from conftest import kill_leftovers, write_trace
-from daemon_helpers import all_booked, submit_job, wait_for, write_job
+from daemon_helpers import all_booked, submit_job, write_job
+from polling import wait_for
 
 T0 = datetime(2030, 1, 1, tzinfo=timezone.utc)
 P3 = "p3.2xlarge"
@@ -58,12 +59,12 @@ def _hand_case(tmp_path: Path):
                       price_usd_per_hour=1.2, client_token="t1", instance_id="i-1",
                       started_at=at(0), running_at=at(120), ended_at=at(1320),
                       end_reason=EndReason.RECLAIMED, state=AttemptState.ENDED,
-                      start_step=0, last_step=600, detail=pools))
+                      start_step=0, last_step=600, candidates=pools))
         s.add(Attempt(job_id="hand", number=2, market=Market.ON_DEMAND, instance_type=P3,
                       zone="za", price_usd_per_hour=OD, client_token="t2", instance_id="i-2",
                       started_at=at(1500), running_at=at(1620), ended_at=at(3020),
                       end_reason=EndReason.COMPLETED, state=AttemptState.ENDED,
-                      start_step=500, last_step=1200, detail=pools))
+                      start_step=500, last_step=1200, candidates=pools))
         s.add(PricePoint(instance_type=P3, zone="za", ts=at(-3600), price_usd_per_hour=1.2))
         s.add(PricePoint(instance_type=P3, zone="zb", ts=at(-3600), price_usd_per_hour=0.6))
         for att_id, secs, price in ((1, 1320, 1.2), (2, 1520, OD)):

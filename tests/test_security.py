@@ -17,7 +17,8 @@ from spotrun.jobs import validate_submission
 from spotrun.store import open_store
 
 from conftest import kill_leftovers, write_trace
-from daemon_helpers import DaemonProc, submit_job, wait_for, write_home, write_job
+from daemon_helpers import DaemonProc, submit_job, write_home, write_job
+from polling import wait_for
 
 REPO = Path(__file__).resolve().parent.parent
 CREDENTIAL_WORDS = re.compile(r"aws_access_key_id|aws_secret_access_key|AKIA[0-9A-Z]{16}",

@@ -18,7 +18,6 @@ Builds the simulator's SimModel (spotrun.simulate.model) over the job's window s
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
@@ -29,6 +28,7 @@ from sqlmodel import Session, select
 
 from spotrun.audit.market_truth import MarketTruth
 from spotrun.db import Attempt, Event, Job, PricePoint, attempts_of
+from spotrun.providers.base import pools_from_json
 from spotrun.states import EndReason, JobState, Market
 
 TICK_S = 60.0
@@ -131,19 +131,9 @@ def _pools(atts: list[Attempt], itype: str, truth: MarketTruth | None) -> list[s
         return sorted(truth.zones())
     zones = {a.zone for a in atts if a.instance_type == itype and a.market is Market.SPOT}
     for a in atts:
-        zones.update(_candidate_zones(a.detail, itype))
+        zones.update(p.zone for p in pools_from_json(a.candidates)
+                     if p.instance_type == itype and p.market is Market.SPOT)
     return sorted(zones)
-
-
-def _candidate_zones(detail: str | None, itype: str) -> set[str]:
-    if not detail or not detail.startswith("["):
-        return set()
-    try:
-        keys = json.loads(detail)
-    except ValueError:
-        return set()
-    parts = [str(k).split("/") for k in keys] if isinstance(keys, list) else []
-    return {p[1] for p in parts if len(p) == 3 and p[0] == itype and p[2] == Market.SPOT.value}
 
 
 def _index(times: list[datetime], t0: datetime, tick_s: float, at: datetime) -> int | None:

@@ -9,7 +9,6 @@ its pool is dropped, so a quiet market adds no rows. Times are the provider's cl
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import Protocol
@@ -23,6 +22,7 @@ from sqlmodel import select
 from spotrun.db import Attempt, Job, PricePoint, session
 from spotrun.errors import SpotrunError
 from spotrun.providers.base import PricePoint as FeedPoint
+from spotrun.providers.base import pools_from_json
 from spotrun.states import Market
 
 LOOKBACK_S = 3 * 3600.0      # first fetch of a type (and the furthest back any fetch goes)
@@ -102,7 +102,8 @@ class PriceLoop:
         for a in atts:
             if a.market is Market.SPOT:
                 types.add(a.instance_type)
-            types.update(_candidate_types(a.detail))
+            types.update(p.instance_type for p in pools_from_json(a.candidates)
+                             if p.market is Market.SPOT)
         return sorted(types)
 
     def _record(self, itype: str, zones: list[str], end: datetime) -> int:
@@ -152,22 +153,6 @@ class PriceLoop:
                 s.rollback()
                 return 0
         return added
-
-
-def _candidate_types(detail: str | None) -> set[str]:
-    """Spot types among the candidate pool keys the scheduler stored in Attempt.detail."""
-    if not detail or not detail.startswith("["):
-        return set()
-    try:
-        keys = json.loads(detail)
-    except ValueError:
-        return set()
-    out = set()
-    for key in keys if isinstance(keys, list) else []:
-        parts = str(key).split("/")
-        if len(parts) == 3 and parts[2] == Market.SPOT.value:
-            out.add(parts[0])
-    return out
 
 
 def _aware(t: datetime) -> datetime:

@@ -10,7 +10,6 @@ and the provider returns the instance it already started instead of a second one
 
 from __future__ import annotations
 
-import json
 import secrets
 from datetime import datetime, timedelta
 
@@ -25,7 +24,8 @@ from spotrun.daemon.placement import PolicyPlacer, same_pool
 from spotrun.daemon.reconcile import terminate_attempt
 from spotrun.db import Attempt, Job, add_event, attempts_of, session
 from spotrun.errors import CapacityError, ProviderError, StoreError
-from spotrun.providers.base import TAG_ATTEMPT, TAG_JOB, TAG_MANAGED, LaunchRequest, Pool
+from spotrun.providers.base import (TAG_ATTEMPT, TAG_JOB, TAG_MANAGED, LaunchRequest, Pool,
+                                    pools_from_json, pools_to_json)
 from spotrun.spec import job_spec, spec_from_dict
 from spotrun.states import AttemptState, EndReason, JobState, Market
 
@@ -134,7 +134,7 @@ class SchedulerLoop:
                           client_token=f"{job.id}-a{number}-{secrets.token_hex(4)}",
                           gpus=choices[0].candidate.gpus,
                           checkpoint_interval_s=choices[0].candidate.checkpoint_interval_s,
-                          detail=json.dumps([p.key() for p in pools[:MAX_CANDIDATES]]))
+                          candidates=pools_to_json(pools[:MAX_CANDIDATES]))
         with session(self.ctx.engine) as s:
             s.add(attempt)
             j = s.get(Job, job.id)
@@ -158,8 +158,7 @@ class SchedulerLoop:
             if job.cancel_requested:
                 self._adopt_or_drop(job, att)
                 continue
-            pools = [Pool(*k.split("/")[:2], Market(k.split("/")[2]))
-                     for k in json.loads(att.detail or "[]")]
+            pools = pools_from_json(att.candidates)
             if not pools:
                 pools = [Pool(att.instance_type, att.zone, att.market)]
             self._launch(job, att, pools, self.ctx.clock.now())

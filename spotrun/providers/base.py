@@ -7,6 +7,7 @@ the wall), and the ledger books those times.
 
 from __future__ import annotations
 
+import json
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from typing import Any, Protocol, runtime_checkable
@@ -29,6 +30,32 @@ class Pool:
     def key(self) -> str:
         """`type/zone/market`, for logs and error tables."""
         return f"{self.instance_type}/{self.zone}/{self.market.value}"
+
+    @classmethod
+    def from_key(cls, key: str) -> "Pool | None":
+        """Parse `type/zone/market`; None if it is not one."""
+        parts = str(key).split("/")
+        if len(parts) != 3:
+            return None
+        try:
+            return cls(parts[0], parts[1], Market(parts[2]))
+        except ValueError:
+            return None
+
+
+def pools_to_json(pools: list[Pool]) -> str:
+    """Pool keys as a JSON list (what an attempt records as its candidates)."""
+    return json.dumps([p.key() for p in pools])
+
+
+def pools_from_json(text: str | None) -> list[Pool]:
+    """The pools of a JSON list of keys; unparsable input gives []."""
+    try:
+        keys = json.loads(text or "[]")
+    except ValueError:
+        return []
+    pools = [Pool.from_key(k) for k in keys] if isinstance(keys, list) else []
+    return [p for p in pools if p is not None]
 
 
 @dataclass(frozen=True)
