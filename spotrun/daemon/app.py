@@ -23,6 +23,9 @@ from spotrun.store import open_store
 from spotrun.store.base import ObjectStore
 
 
+STOP_WALL_S = 3.0   # wall seconds from a budget stop request to the instance gone
+
+
 def configure_logging(level: int = logging.INFO, stream: Any = None) -> None:
     """structlog JSON lines on stdout (journald picks them up)."""
     structlog.configure(
@@ -61,7 +64,11 @@ def build_loops(ctx: DaemonContext) -> list[Scheduled]:
         aws = getattr(ctx.settings, "aws", None)
         volume_gb = float(getattr(aws, "volume_size_gb", 0.0) or 0.0) \
             if ctx.provider.name == "aws" else 0.0
-        loops.append(Scheduled(SpendLoop(ctx.engine, ctx.provider, volume_gb=volume_gb),
+        # Stopping a job takes a few wall seconds (save, stop, notice); on the local market
+        # that is `time_scale` times more provider seconds of spend to leave room for.
+        scale = ctx.settings.local.time_scale if ctx.provider.name == "local" else 1.0
+        loops.append(Scheduled(SpendLoop(ctx.engine, ctx.provider, volume_gb=volume_gb,
+                                         stop_margin_s=max(900.0, STOP_WALL_S * scale)),
                                d.spend_interval_s))
     from spotrun.daemon.prices import PriceLoop
     loops.append(Scheduled(PriceLoop(ctx.engine, ctx.provider), d.price_interval_s))

@@ -41,6 +41,17 @@ class DaemonContext:
     log: structlog.stdlib.BoundLogger = field(
         default_factory=lambda: structlog.get_logger("spotrun.daemon"))
 
+    def checkpointed_step(self, job_id: str, checkpoint_uri: str, fallback: int) -> int:
+        """The newest complete checkpoint's step: where the next attempt resumes."""
+        from spotrun.checkpoints import latest_verified
+        from spotrun.errors import StoreError
+        try:
+            m = latest_verified(self.store_for(checkpoint_uri), deep=False)
+        except StoreError as exc:
+            self.log.warning("checkpoint_list_failed", job=job_id, error=str(exc))
+            return fallback
+        return m.step if m is not None else 0
+
     def store_for(self, uri: str) -> ObjectStore:
         """The store of a job (normally the daemon's own)."""
         if uri.rstrip("/") == self.store.uri.rstrip("/"):

@@ -110,6 +110,9 @@ class ReconcileLoop:
             add_event(s, a.job_id, f"attempt_{reason.value}", f"attempt {a.number}: {detail}",
                       attempt_id=a.id)
             j = s.get(Job, a.job_id)
+            # A save made after the last heartbeat (the notice's, a budget stop's) counts too.
+            j.last_step = max(j.last_step, self.ctx.checkpointed_step(j.id, j.checkpoint_uri,
+                                                                      j.last_step))
             self._advance_job(s, j, a, reason, now)
             s.commit()
 

@@ -23,7 +23,7 @@ from spotrun.daemon.context import DaemonContext
 from spotrun.daemon.placement import PolicyPlacer, same_pool
 from spotrun.daemon.reconcile import terminate_attempt
 from spotrun.db import Attempt, Job, add_event, attempts_of, session
-from spotrun.errors import CapacityError, ProviderError, StoreError
+from spotrun.errors import CapacityError, ProviderError
 from spotrun.providers.base import (TAG_ATTEMPT, TAG_JOB, TAG_MANAGED, LaunchRequest, Pool,
                                     pools_from_json, pools_to_json)
 from spotrun.spec import job_spec, spec_from_dict
@@ -125,7 +125,7 @@ class SchedulerLoop:
         if not self._budget_allows(job, choices[0], now):
             return
         number = (attempts[-1].number + 1) if attempts else 1
-        start_step = self._checkpointed_step(job)
+        start_step = self.ctx.checkpointed_step(job.id, job.checkpoint_uri, job.last_step)
         first = pools[0]
         price = self._price(first)
         attempt = Attempt(job_id=job.id, number=number, state=AttemptState.LAUNCHING,
@@ -216,16 +216,6 @@ class SchedulerLoop:
         self.ctx.log.info("launched", job=job.id, attempt=attempt.number,
                           instance=info.instance_id, pool=f"{info.instance_type}/{info.zone}",
                           market=info.market.value)
-
-    def _checkpointed_step(self, job: Job) -> int:
-        """The step the next attempt resumes from: the newest complete checkpoint's."""
-        from spotrun.checkpoints import latest_verified
-        try:
-            m = latest_verified(self.ctx.store_for(job.checkpoint_uri), deep=False)
-        except StoreError as exc:
-            self.ctx.log.warning("checkpoint_list_failed", job=job.id, error=str(exc))
-            return job.last_step
-        return m.step if m is not None else 0
 
     def _budget_allows(self, job: Job, choice: Choice, now: datetime) -> bool:
         """Refuse a launch the model expects to overrun the budget; stop the job instead."""
