@@ -130,6 +130,12 @@ def test_reclaims_with_notice_resume_bitwise_identical(e2e, tmp_path):
     assert all(a.start_step > 0 for a in atts[1:])
     assert len({a.instance_id for a in atts}) == len(atts)
     assert _sha(job_log(ctx, done)) == reference_sha(tmp_path)
+    # `spotrun logs` prints every attempt's output from the store, in order.
+    from click.testing import CliRunner
+    from spotrun.cli import cli
+    out = CliRunner().invoke(cli, ["logs", job.id])
+    assert out.exit_code == 0 and out.output.count("start step") == 3
+    assert _sha(out.output) == _sha(job_log(ctx, done))
     # The job's history walks the lifecycle: queued -> running -> recovering -> ... -> succeeded.
     with session(ctx.engine) as s:
         kinds = [e.kind for e in s.exec(select(Event).where(Event.job_id == job.id)
