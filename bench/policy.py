@@ -7,7 +7,11 @@ over the 9 zones) and all 9 zones together. Asserts that every run meets its
 deadline and that no policy ever beats `optimal`.
 
     .venv/bin/python bench/policy.py                 # the recorded figures (300 starts)
-    .venv/bin/python bench/policy.py --starts 40     # a quick look
+    .venv/bin/python bench/policy.py --quick         # a quick look (60 starts)
+    .venv/bin/python bench/policy.py --optimal-cache /tmp/opt.npz   # reuse optimal's costs
+
+`--optimal-cache` keeps `optimal`'s costs per setting (pools, deadline, starts, seed,
+work, changeover) in an .npz file, so iterating on an online policy skips the DP.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ import numpy as np
 
 from spotrun.policy import ALL_POLICY_NAMES, OPTIMAL
 from spotrun.simulate.model import build_model, pick_starts
-from spotrun.simulate.runner import run_policies
+from spotrun.simulate.runner import PolicyRuns, run_policies
 from spotrun.traces import load_prices, load_trace
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -41,13 +45,26 @@ def _find(name: str) -> Path:
     raise SystemExit(f"trace file {name} not found")
 
 
-def run_setting(trace, prices, pools: list[str], deadline_h: float, args) -> dict:
+def _cache_key(pools: list[str], deadline_h: float, args) -> str:
+    return "|".join([",".join(pools), f"{deadline_h:g}", str(args.starts), str(args.seed),
+                     f"{args.work_hours:g}", f"{args.changeover_hours:g}"])
+
+
+def run_setting(trace, prices, pools: list[str], deadline_h: float, args,
+                cache: dict[str, np.ndarray] | None = None) -> dict:
     """Run every policy on one (pools, deadline) setting; check the invariants."""
     model = build_model(trace.select(pools), prices, spot_price_usd_per_hour=None,
                         od_price_usd_per_hour=OD_PRICE_USD_PER_HOUR, work_hours=args.work_hours,
                         deadline_hours=deadline_h, changeover_hours=args.changeover_hours)
     rows = pick_starts(model, starts=args.starts, seed=args.seed, t0=None)
-    res = run_policies(model, rows, ALL_POLICY_NAMES, workers=args.workers)
+    key = _cache_key(pools, deadline_h, args)
+    cached = cache.get(key) if cache is not None else None
+    names = [n for n in ALL_POLICY_NAMES if n != OPTIMAL or cached is None]
+    res = run_policies(model, rows, names, workers=args.workers)
+    if cached is not None:
+        res.runs[OPTIMAL] = PolicyRuns(OPTIMAL, cached, np.isfinite(cached))
+    elif cache is not None:
+        cache[key] = res.runs[OPTIMAL].costs_usd
     opt = res.runs[OPTIMAL].costs_usd
     for name, r in res.runs.items():
         assert r.deadline_met.all(), f"{name} missed a deadline ({pools}, {deadline_h} h)"
@@ -65,6 +82,8 @@ def main() -> None:
     """Run the benchmark and print the tables."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--starts", type=int, default=300)
+    ap.add_argument("--quick", action="store_true", help="60 starts (not the recorded figures)")
+    ap.add_argument("--optimal-cache", type=Path, help=".npz file of optimal's costs to reuse")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--workers", type=int, default=min(2, os.cpu_count() or 1))
     ap.add_argument("--work-hours", type=float, default=48.0)
@@ -72,14 +91,22 @@ def main() -> None:
     ap.add_argument("--deadlines", type=float, nargs="+", default=[60.0, 72.0, 96.0])
     ap.add_argument("--json", type=Path, help="also write the figures to this file")
     args = ap.parse_args()
+    if args.quick:
+        args.starts = 60
+    cache: dict[str, np.ndarray] | None = None
+    if args.optimal_cache:
+        cache = {}
+        if args.optimal_cache.exists():
+            with np.load(args.optimal_cache) as z:
+                cache = {k: z[k] for k in z.files}
     t_start = time.monotonic()
     trace, prices = load_trace(_find(TRACE)), load_prices(_find(PRICES))
     zones = trace.pools
     figures: dict = {"args": {k: (str(v) if isinstance(v, Path) else v)
                               for k, v in vars(args).items()}, "deadlines": {}}
     for deadline_h in args.deadlines:
-        single = {z: run_setting(trace, prices, [z], deadline_h, args) for z in zones}
-        every = run_setting(trace, prices, zones, deadline_h, args)
+        single = {z: run_setting(trace, prices, [z], deadline_h, args, cache) for z in zones}
+        every = run_setting(trace, prices, zones, deadline_h, args, cache)
         avg = {name: {key: float(np.mean([single[z][name][key] for z in zones]))
                       for key in ("mean_cost_vs_on_demand", "mean_cost_vs_optimal")}
                for name in ALL_POLICY_NAMES}
@@ -87,6 +114,9 @@ def main() -> None:
                                                  "per_zone": single}
         print(f"deadline {deadline_h:g} h done ({time.monotonic() - t_start:.0f} s)",
               file=sys.stderr)
+    if cache is not None:
+        with open(args.optimal_cache, "wb") as f:
+            np.savez(f, **cache)
     print_tables(figures, args)
     print(f"\nwall time: {time.monotonic() - t_start:.0f} s "
           f"({args.starts} starts, {args.workers} workers)")
