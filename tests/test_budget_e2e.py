@@ -92,7 +92,8 @@ def test_budget_stop_then_resume(tmp_home: Path, tmp_path: Path, monkeypatch):
         monkeypatch.setenv("SPOTRUN_HOME", str(tmp_home))
         low = CliRunner().invoke(cli, ["resume", job.id, "--budget-usd", "0.5"])
         assert low.exit_code == 2 and "--budget-usd" in low.output
-        ok = CliRunner().invoke(cli, ["resume", job.id, "--budget-usd", "5"])
+        # Ample: the market runs x360 whatever the CPU does, so a loaded machine spends more.
+        ok = CliRunner().invoke(cli, ["resume", job.id, "--budget-usd", "50"])
         assert ok.exit_code == 0, ok.output
 
         runner = build_runner(ctx)
@@ -104,7 +105,7 @@ def test_budget_stop_then_resume(tmp_home: Path, tmp_path: Path, monkeypatch):
         with session(ctx.engine) as s:
             later = attempts_of(s, job.id)[len(first):]
         assert later and later[0].start_step == saved   # resumed from the checkpoint
-        assert spend(ctx, job.id) <= 5.0
+        assert spend(ctx, job.id) <= 50.0
     finally:
         runner.stop(wait=True)
         kill_leftovers(tmp_home / "market")

@@ -39,21 +39,23 @@ def test_waits_for_spot_with_ample_slack_and_goes_on_demand_before_the_safety_ne
     assert make_policy("spotrun").decide(tight, h.view(now)).mode is Mode.ON_DEMAND
 
 
-def test_reserve_grows_with_the_observed_outages():
-    short_downs = history([("1" * 20 + "00") * 10 + "000"])
-    long_downs = history([("1" * 20 + "0" * 40) * 4 + "000"])
-    j = job(40, slack=15)
+def test_reserve_grows_with_the_observed_reclaims():
+    # job: 40 ticks of work, 20 of slack, changeover 2, 100 elapsed: deadline 162 ticks
+    frequent = history([("1" * 8 + "0") * 12 + "000"])     # a reclaim every 9 ticks
+    rare = history(["1" * 100 + "000"])                     # one reclaim (the current outage)
+    j = job(40, slack=20)
     p = make_policy("spotrun")
-    assert p.decide(j, short_downs.view(len(short_downs) - 1)).mode is Mode.IDLE
+    assert p.decide(j, frequent.view(len(frequent) - 1)).mode is Mode.ON_DEMAND
     p = make_policy("spotrun")
-    assert p.decide(j, long_downs.view(len(long_downs) - 1)).mode is Mode.ON_DEMAND
+    assert p.decide(j, rare.view(len(rare) - 1)).mode is Mode.IDLE
 
 
 def test_reserve_reads_only_the_last_deadline_of_history():
-    # long outages long ago, short ones over the last 230 ticks (the job's deadline: 157)
-    h = history([("1" * 20 + "0" * 40) * 4 + ("1" * 20 + "00") * 10 + "1" * 10 + "000"])
+    # frequent reclaims long ago, a steady pool over the last 158 ticks (the job's deadline);
+    # read over all of it, the reclaims would ask for more than the 16 ticks of slack
+    h = history([("1" * 4 + "0") * 40 + "1" * 200 + "000"])
     p = make_policy("spotrun")
-    assert p.decide(job(40, slack=10), h.view(len(h) - 1)).mode is Mode.IDLE
+    assert p.decide(job(40, slack=16), h.view(len(h) - 1)).mode is Mode.IDLE
 
 
 def test_leaves_on_demand_only_for_a_stretch_expected_to_pay():

@@ -4,15 +4,14 @@ Everything it uses is known at run time: each pool's history so far (up- and
 down-time, reclaims, up-stretch lengths), prices now, and the job's progress and
 deadline. The scales are the job's own: changeover, tick, remaining work, slack.
 
-- Slack reserve. Doing the remaining work r on spot is expected to cost
-  r x k ticks of slack, k = observed waiting per up tick (no pool up) plus the
-  best pool's reclaim losses ((changeover + 1) per reclaim) per productive tick,
-  both over the last deadline's worth of history (markets drift; the last span
-  as long as the job's is the best guess for the job's).
-  The reserve is r x min(k / 4, s0) + changeover + 1, s0 = the job's initial slack
-  per unit of work: a quarter of the expected need (waiting is heavy-tailed: the
-  mean is set by a few long outages), and never more than Uniform Progress keeps
-  (its straight line holds r x s0), so tight deadlines behave like it.
+- Slack reserve. Once the slack is down to the reserve, outages are bridged on
+  on-demand, so from then on waiting costs no slack; what still does is spot's
+  reclaims: each loses its tick and pays the relaunch's changeover. The reserve
+  is r x min(l, s0) + changeover + 1: l = reclaims ((changeover + 1) each) per
+  productive tick of the steadiest pool over the last deadline's worth of
+  history (markets drift; the last span as long as the job's is the best guess
+  for the job's), s0 = the job's initial slack per unit of work (never more than
+  Uniform Progress keeps: its straight line holds r x s0).
 - Spot down: wait while the slack exceeds the reserve, else on-demand; on
   on-demand, stay there until spot is back.
 - Spot up: take the pool with the lowest expected price per productive tick,
@@ -22,7 +21,8 @@ deadline. The scales are the job's own: changeover, tick, remaining work, slack.
   its current age. From on-demand only when the stretch is expected
   to pay: its productive ticks at the on-demand price beat its paid ticks at the
   spot price by more than a changeover on on-demand (the way back).
-- Several pools, slack beyond the full expected need: from idle, launch only on a
+- Several pools, slack beyond the full expected need (r x (waiting + l)): from
+  idle, launch only on a
   stretch older than a gate (1..16 changeovers, the largest whose waits for the
   expected launches fit that spare slack), so the launch lands on a stretch that
   has shown it lasts; a launch's changeover is the main cost once slack is ample.
@@ -39,9 +39,6 @@ import numpy as np
 from spotrun.policy.base import Decision, IDLE, JobProgress, Mode, ON_DEMAND, SafePolicy
 from spotrun.policy.market import MarketView
 
-# Share of the expected slack need to reserve (see the module docstring). A round
-# number, picked among 0, 1/4, 1/2 and 1 on the 9-zone trace (docs/benchmarks.md).
-RESERVE_SHARE = 0.25
 # A move between spot pools pays one changeover in money and one in slack.
 MOVE_CHANGEOVERS = 2.0
 # Gates tried, largest first, in changeovers (powers of two up to 16).
@@ -126,9 +123,7 @@ class SpotrunPolicy(SafePolicy):
         none_up = self._none_up_before(market, now + 1) - self._none_up_before(market, lo)
         # one pseudo-observation each, so a short history is not read as "always up"
         wait = (none_up + 1) / max(seen - none_up, 1)
-        loss = min(n * (c + 1) / max(up_ticks - n * c, 1.0)
-                   for up_ticks, n in self._pool_counts(market, window))
-        return wait + loss
+        return wait + self.reclaim_loss_per_work(market, c, window)
 
     @staticmethod
     def _pool_counts(market: MarketView, window: int) -> list[tuple[float, int]]:
@@ -149,14 +144,18 @@ class SpotrunPolicy(SafePolicy):
         """The job's deadline in ticks: how far back the market statistics look."""
         return int(round(job.deadline_s / job.tick_s))
 
+    def reclaim_loss_per_work(self, market: MarketView, c: float, window: int) -> float:
+        """Slack ticks the steadiest pool's reclaims cost per productive tick (last `window`)."""
+        return min(n * (c + 1) / max(up_ticks - n * c, 1.0)
+                   for up_ticks, n in self._pool_counts(market, window))
+
     def reserve_ticks(self, job: JobProgress, market: MarketView) -> float:
-        """Slack (ticks) to keep for the remaining work's expected waiting and reclaims."""
+        """Slack (ticks) to keep for the remaining work's reclaims once outages are bridged."""
         c = job.changeover_s / job.tick_s
         r = job.remaining_s / job.tick_s
         s0 = (job.deadline_s - job.work_total_s - job.changeover_s) / job.work_total_s
-        k = self.slack_per_work(market, c, self._window(job))
-        share = min(RESERVE_SHARE * k, max(s0, 0.0))
-        return r * share + c + 1
+        loss = self.reclaim_loss_per_work(market, c, self._window(job))
+        return r * min(loss, max(s0, 0.0)) + c + 1
 
     def choose(self, job: JobProgress, market: MarketView) -> Decision:
         """See the module docstring."""
