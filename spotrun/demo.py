@@ -15,7 +15,7 @@ from typing import Any, Callable
 from sqlmodel import select
 
 from spotrun.config import Settings, load_settings
-from spotrun.db import Attempt, Job, attempts_of, session
+from spotrun.db import Attempt, Job, SpendEntry, attempts_of, session
 from spotrun.errors import BadInputError
 from spotrun.jobs import submit, validate_submission
 from spotrun.states import EndReason
@@ -75,10 +75,7 @@ def prepare_home(home: Path, *, time_scale: float, start_tick: int) -> Settings:
 
 def stop_market(home: Path) -> None:
     """Stop the demo's market (and so its instances), if one runs."""
-    try:
-        from spotrun.market.client import stop_market as _stop
-    except ImportError:
-        return
+    from spotrun.market.client import stop_market as _stop
     _stop(home / "market")
 
 
@@ -128,13 +125,8 @@ def snapshot(engine: Any, job_id: str) -> dict[str, Any]:
     with session(engine) as s:
         job = s.get(Job, job_id)
         atts = attempts_of(s, job_id)
-        spend = 0.0
-        try:
-            from spotrun.db import SpendEntry
-            spend = sum(e.usd for e in s.exec(select(SpendEntry).where(
-                SpendEntry.job_id == job_id)))
-        except Exception:  # spend is decoration on the status line
-            spend = 0.0
+        spend = sum(e.usd for e in s.exec(select(SpendEntry).where(
+            SpendEntry.job_id == job_id)))
     cur: Attempt | None = atts[-1] if atts else None
     return {
         "job_id": job_id, "state": job.state.value, "terminal": job.state.is_terminal(),

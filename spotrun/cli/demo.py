@@ -54,11 +54,7 @@ def demo(time_scale: float | None, start_tick: int | None, timeout_s: float,
     from spotrun.cli.jobs import status as status_cmd
     ctx = click.get_current_context()
     ctx.invoke(status_cmd, job_ref=result.job_id, show_events=False, as_json=False)
-    try:
-        from spotrun.cli.audit import audit as audit_cmd
-    except ImportError:
-        audit_cmd = None
-    if audit_cmd is not None:
-        ctx.invoke(audit_cmd, jobs=(result.job_id,))
+    from spotrun.cli.audit import audit as audit_cmd
+    ctx.invoke(audit_cmd, jobs=(result.job_id,))
     if result.state != "succeeded":
         raise SystemExit(1)

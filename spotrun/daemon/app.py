@@ -15,6 +15,8 @@ from spotrun.daemon.lease import Lease, LeaseGuard
 from spotrun.daemon.orphans import OrphanLoop
 from spotrun.daemon.reconcile import ReconcileLoop
 from spotrun.daemon.runner import Runner, Scheduled
+from spotrun.daemon.prices import PriceLoop
+from spotrun.daemon.spend import SpendLoop
 from spotrun.daemon.scheduler import SchedulerLoop
 from spotrun.db import open_db
 from spotrun.providers import make_provider
@@ -56,21 +58,13 @@ def build_loops(ctx: DaemonContext) -> list[Scheduled]:
              Scheduled(ReconcileLoop(ctx), d.reconcile_interval_s),
              Scheduled(HeartbeatLoop(ctx), d.heartbeat_interval_s),
              Scheduled(OrphanLoop(ctx), d.orphan_interval_s)]
-    try:
-        from spotrun.daemon.spend import SpendLoop
-    except ImportError:
-        SpendLoop = None  # noqa: N806
-    if SpendLoop is not None:
-        aws = getattr(ctx.settings, "aws", None)
-        volume_gb = float(getattr(aws, "volume_size_gb", 0.0) or 0.0) \
-            if ctx.provider.name == "aws" else 0.0
-        # Stopping a job takes a few wall seconds (save, stop, notice); on the local market
-        # that is `time_scale` times more provider seconds of spend to leave room for.
-        scale = ctx.settings.local.time_scale if ctx.provider.name == "local" else 1.0
-        loops.append(Scheduled(SpendLoop(ctx.engine, ctx.provider, volume_gb=volume_gb,
-                                         stop_margin_s=max(900.0, STOP_WALL_S * scale)),
-                               d.spend_interval_s))
-    from spotrun.daemon.prices import PriceLoop
+    volume_gb = ctx.settings.aws.volume_size_gb if ctx.provider.name == "aws" else 0.0
+    # Stopping a job takes a few wall seconds (save, stop, notice); on the local market
+    # that is `time_scale` times more provider seconds of spend to leave room for.
+    scale = ctx.settings.local.time_scale if ctx.provider.name == "local" else 1.0
+    loops.append(Scheduled(SpendLoop(ctx.engine, ctx.provider, volume_gb=volume_gb,
+                                     stop_margin_s=max(900.0, STOP_WALL_S * scale)),
+                           d.spend_interval_s))
     loops.append(Scheduled(PriceLoop(ctx.engine, ctx.provider), d.price_interval_s))
     return loops
 
