@@ -9,6 +9,7 @@ deadline and that no policy ever beats `optimal`.
     .venv/bin/python bench/policy.py                 # the recorded figures (300 starts)
     .venv/bin/python bench/policy.py --quick         # a quick look (60 starts)
     .venv/bin/python bench/policy.py --optimal-cache /tmp/opt.npz   # reuse optimal's costs
+    .venv/bin/python bench/policy.py --heldout       # also the traces it was not tuned on
 
 `--optimal-cache` keeps `optimal`'s costs per setting (pools, deadline, starts, seed,
 work, changeover) in an .npz file, so iterating on an online policy skips the DP.
@@ -35,6 +36,13 @@ TRACE = "aws_p3.2xlarge_availability_2023-02-15_9az.csv"
 PRICES = "aws_p3.2xlarge_spot_price_changes_2023-02-15_9az.csv"
 RULES = ("greedy", "uniform-progress")
 OD_PRICE_USD_PER_HOUR = 3.06     # p3.2xlarge on-demand, us-east-1 (BRIEF section 1)
+# Held-out traces (other months, 300 s ticks, no price file): (label, file, nodes needed).
+HELDOUT = (("16-node avail., 1 node", "aws_p3.2xlarge_16node_availability_2023-08-27.csv", 1),
+           ("16-node avail., 8 nodes", "aws_p3.2xlarge_16node_availability_2023-08-27.csv", 8),
+           ("4-node preempt., 4 nodes", "aws_p3.2xlarge_4node_preemption_2023-08-03.csv", 4),
+           ("4-node preempt., 1 node", "aws_p3.2xlarge_4node_preemption_2023-08-03.csv", 1))
+# Their spot price: what us-east-2 / us-west-2 charged most of the time in the 9-zone price file.
+HELDOUT_SPOT_USD_PER_HOUR = 0.918
 
 
 def _find(name: str) -> Path:
@@ -51,13 +59,18 @@ def _cache_key(pools: list[str], deadline_h: float, args) -> str:
 
 
 def run_setting(trace, prices, pools: list[str], deadline_h: float, args,
-                cache: dict[str, np.ndarray] | None = None) -> dict:
+                cache: dict[str, np.ndarray] | None = None, *, nodes: int = 1,
+                starts: int | None = None, tag: str = "") -> dict:
     """Run every policy on one (pools, deadline) setting; check the invariants."""
-    model = build_model(trace.select(pools), prices, spot_price_usd_per_hour=None,
+    starts = starts or args.starts
+    model = build_model(trace.select(pools), prices,
+                        spot_price_usd_per_hour=(HELDOUT_SPOT_USD_PER_HOUR if prices is None
+                                                 else None),
                         od_price_usd_per_hour=OD_PRICE_USD_PER_HOUR, work_hours=args.work_hours,
-                        deadline_hours=deadline_h, changeover_hours=args.changeover_hours)
-    rows = pick_starts(model, starts=args.starts, seed=args.seed, t0=None)
-    key = _cache_key(pools, deadline_h, args)
+                        deadline_hours=deadline_h, changeover_hours=args.changeover_hours,
+                        nodes=nodes)
+    rows = pick_starts(model, starts=starts, seed=args.seed, t0=None)
+    key = tag + _cache_key(pools, deadline_h, args) + (f"|{starts}|n{nodes}" if tag else "")
     cached = cache.get(key) if cache is not None else None
     names = [n for n in ALL_POLICY_NAMES if n != OPTIMAL or cached is None]
     res = run_policies(model, rows, names, workers=args.workers)
@@ -90,6 +103,9 @@ def main() -> None:
     ap.add_argument("--changeover-hours", type=float, default=0.2)
     ap.add_argument("--deadlines", type=float, nargs="+", default=[60.0, 72.0, 96.0])
     ap.add_argument("--json", type=Path, help="also write the figures to this file")
+    ap.add_argument("--heldout", action="store_true",
+                    help="also run the 16-node and 4-node traces (not used for tuning)")
+    ap.add_argument("--heldout-starts", type=int, default=100)
     args = ap.parse_args()
     if args.quick:
         args.starts = 60
@@ -114,14 +130,53 @@ def main() -> None:
                                                  "per_zone": single}
         print(f"deadline {deadline_h:g} h done ({time.monotonic() - t_start:.0f} s)",
               file=sys.stderr)
+    if args.heldout:
+        figures["heldout"] = run_heldout(args, cache)
+        print(f"held-out traces done ({time.monotonic() - t_start:.0f} s)", file=sys.stderr)
     if cache is not None:
         with open(args.optimal_cache, "wb") as f:
             np.savez(f, **cache)
     print_tables(figures, args)
+    if args.heldout:
+        print_heldout(figures["heldout"], args)
     print(f"\nwall time: {time.monotonic() - t_start:.0f} s "
           f"({args.starts} starts, {args.workers} workers)")
     if args.json:
         args.json.write_text(json.dumps(figures, indent=1))
+
+
+def run_heldout(args, cache: dict[str, np.ndarray] | None) -> dict:
+    """The rules and spotrun on traces the policy was not tuned on (flat spot price)."""
+    out: dict = {}
+    for label, name, nodes in HELDOUT:
+        trace = load_trace(_find(name))
+        for deadline_h in args.deadlines:
+            single = [run_setting(trace, None, [z], deadline_h, args, cache, nodes=nodes,
+                                  starts=args.heldout_starts, tag="heldout|")
+                      for z in trace.pools]
+            every = run_setting(trace, None, trace.pools, deadline_h, args, cache, nodes=nodes,
+                                starts=args.heldout_starts, tag="heldout|")
+            for setting, summaries in (("single_zone_avg", single), ("all_zones", [every])):
+                out.setdefault(label, {}).setdefault(setting, {})[str(deadline_h)] = {
+                    n: float(np.mean([s[n]["mean_cost_vs_optimal"] for s in summaries]))
+                    for n in (*RULES, "spotrun")}
+    return out
+
+
+def print_heldout(held: dict, args) -> None:
+    """Mean cost / optimal of the rules and spotrun on the held-out traces."""
+    dls = [str(d) for d in args.deadlines]
+    print(f"\nheld-out traces ({args.heldout_starts} starts, flat spot "
+          f"${HELDOUT_SPOT_USD_PER_HOUR}/h): mean cost / optimal at "
+          + ", ".join(f"{float(d):g} h" for d in dls))
+    for label, settings in held.items():
+        for setting, by_dl in settings.items():
+            cells = []
+            for n in (*RULES, "spotrun"):
+                cells.append(f"{n} " + "/".join(f"{by_dl[d][n]:.4f}" for d in dls))
+            wins = sum(by_dl[d]["spotrun"] < min(by_dl[d][r] for r in RULES) for d in dls)
+            print(f"{label:26} {setting:16} " + "  ".join(cells)
+                  + f"  | spotrun best at {wins}/{len(dls)}")
 
 
 def print_tables(figures: dict, args) -> None:

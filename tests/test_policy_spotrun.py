@@ -91,6 +91,23 @@ def test_with_several_pools_and_spare_slack_it_waits_for_a_stretch_to_last():
     assert make_policy("spotrun").decide(job(10, slack=200), one.view(now)).mode is Mode.SPOT
 
 
+def test_a_gated_launch_waits_out_a_reclaim_wave_in_pools_as_cheap():
+    # p0 has been up 40 ticks (past any gate); p1 went down `ago` ticks ago
+    base = ("1" * 50 + "0" * 10) * 5
+    def market(ago: int, prices: list[float] | None = None) -> MarketHistory:
+        return history([base + "1" * 40, base + "1" * (40 - ago) + "0" * ago], prices)
+    roomy = job(10, slack=200)                  # changeover 2: settle = 3 quiet ticks
+    for ago, mode in ((1, Mode.IDLE), (3, Mode.IDLE), (4, Mode.SPOT)):
+        h = market(ago)
+        assert make_policy("spotrun").decide(roomy, h.view(len(h) - 1)).mode is mode, ago
+    # a reclaim in a dearer pool says nothing about the chosen one's wave
+    h = market(1, prices=[1.0, 2.0])
+    assert make_policy("spotrun").decide(roomy, h.view(len(h) - 1)).pool == "p0"
+    # without spare slack there is no gate and no wait
+    h = market(1)
+    assert make_policy("spotrun").decide(job(10, slack=6), h.view(len(h) - 1)).mode is Mode.SPOT
+
+
 def random_model(seed: int, pools: int, n: int = 900) -> SimModel:
     """Bursty availability with a long history before the starts."""
     rng = np.random.default_rng(seed)

@@ -130,6 +130,11 @@ class MarketView:
         """Up-runs of pool j seen to end so far (each a reclaim for a job on it)."""
         return bisect.bisect_right(self.h._up_end_lists[j], self.now)
 
+    def last_reclaim_tick(self, j: int) -> int | None:
+        """The tick at which pool j was last seen to go down from up (None: never so far)."""
+        k = self.reclaims(j)
+        return self.h._up_end_lists[j][k - 1] if k else None
+
     def up_stretches(self, j: int) -> np.ndarray:
         """Lengths (ticks) of pool j's completed up-runs observed so far."""
         r = self.h.runs[j]

@@ -22,10 +22,13 @@ deadline. The scales are the job's own: changeover, tick, remaining work, slack.
   to pay: its productive ticks at the on-demand price beat its paid ticks at the
   spot price by more than a changeover on on-demand (the way back).
 - Several pools, slack beyond the full expected need (r x (waiting + l)): from
-  idle, launch only on a
-  stretch older than a gate (1..16 changeovers, the largest whose waits for the
-  expected launches fit that spare slack), so the launch lands on a stretch that
-  has shown it lasts; a launch's changeover is the main cost once slack is ample.
+  idle, launch only on a stretch older than a gate (1..16 changeovers, the
+  largest whose waits for the expected launches fit that spare slack), so the
+  launch lands on a stretch that has shown it lasts; a launch's changeover is the
+  main cost once slack is ample. Reclaims come in waves across pools, so a gated
+  launch also waits until no pool as cheap as the chosen one has been reclaimed
+  within the last changeover + 1 ticks (a launch whose changeover overlaps the
+  wave is the one most likely lost); that wait is counted in the gate's budget.
 - On spot: stay until reclaimed, unless the slack covers the reserve and a
   cheaper pool's median remaining stretch saves more than two changeovers.
 """
@@ -168,9 +171,11 @@ class SpotrunPolicy(SafePolicy):
             return self._maybe_move(job, market, c, r, slack - (c + 1) >= reserve)
         best_j = self._best_up(market, c, r)
         if best_j >= 0:
-            if job.mode is Mode.IDLE and market.age_ticks(best_j) < self._gate_ticks(
-                    job, market, c, r):
-                return IDLE
+            if job.mode is Mode.IDLE:
+                gate = self._gate_ticks(job, market, c, r)
+                if gate > 0 and (market.age_ticks(best_j) < gate
+                                 or self._calm_ticks(market, best_j) < self._settle_ticks(c)):
+                    return IDLE
             if job.mode is Mode.ON_DEMAND:
                 paid, prod = self._model(market, best_j).launch_ticks(
                     market.age_ticks(best_j), c, r)
@@ -229,12 +234,30 @@ class SpotrunPolicy(SafePolicy):
                    for up_ticks, n in self._pool_counts(market, window))
         waits = (1.0 + r * rate) * (1.0 if sum(market.up_now()) >= 2 else 2.0)
         model = self._pooled(market)
+        settle = self._settle_ticks(c)
         for mult in GATE_CHANGEOVERS:
             gate = mult * c
             # never wait for an age that no observed stretch outlived by a changeover
-            if gate * waits <= spare and model.longer_than(gate + c) > 0:
+            if (gate + settle) * waits <= spare and model.longer_than(gate + c) > 0:
                 return gate
         return 0.0
+
+    @staticmethod
+    def _settle_ticks(c: float) -> float:
+        """Quiet ticks a gated launch waits for after a reclaim wave: its changeover + 1."""
+        return c + 1.0
+
+    @staticmethod
+    def _calm_ticks(market: MarketView, j: int) -> float:
+        """Ticks since the last reclaim of any pool priced no higher than pool j now."""
+        price = market.price_now()
+        since = float("inf")
+        for k, p in enumerate(price):
+            if p <= price[j]:
+                last = market.last_reclaim_tick(k)
+                if last is not None:
+                    since = min(since, market.now - last)
+        return since
 
     def _maybe_move(self, job: JobProgress, market: MarketView, c: float, r: float,
                     slack_ok: bool) -> Decision:
