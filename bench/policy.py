@@ -152,10 +152,10 @@ def run_heldout(args, cache: dict[str, np.ndarray] | None) -> dict:
         trace = load_trace(_find(name))
         for deadline_h in args.deadlines:
             single = [run_setting(trace, None, [z], deadline_h, args, cache, nodes=nodes,
-                                  starts=args.heldout_starts, tag="heldout|")
+                                  starts=args.heldout_starts, tag=f"heldout|{name}|")
                       for z in trace.pools]
             every = run_setting(trace, None, trace.pools, deadline_h, args, cache, nodes=nodes,
-                                starts=args.heldout_starts, tag="heldout|")
+                                starts=args.heldout_starts, tag=f"heldout|{name}|")
             for setting, summaries in (("single_zone_avg", single), ("all_zones", [every])):
                 out.setdefault(label, {}).setdefault(setting, {})[str(deadline_h)] = {
                     n: float(np.mean([s[n]["mean_cost_vs_optimal"] for s in summaries]))
