@@ -53,14 +53,17 @@ def _find(name: str) -> Path:
     raise SystemExit(f"trace file {name} not found")
 
 
-def _cache_key(pools: list[str], deadline_h: float, args) -> str:
-    return "|".join([",".join(pools), f"{deadline_h:g}", str(args.starts), str(args.seed),
-                     f"{args.work_hours:g}", f"{args.changeover_hours:g}"])
+def _cache_key(trace, pools: list[str], deadline_h: float, args, starts: int,
+               nodes: int) -> str:
+    # the trace's file is part of it: held-out traces share zone names with the 9-zone one
+    return "|".join([Path(str(trace.source)).name, ",".join(pools), f"{deadline_h:g}",
+                     str(starts), f"n{nodes}", str(args.seed), f"{args.work_hours:g}",
+                     f"{args.changeover_hours:g}"])
 
 
 def run_setting(trace, prices, pools: list[str], deadline_h: float, args,
                 cache: dict[str, np.ndarray] | None = None, *, nodes: int = 1,
-                starts: int | None = None, tag: str = "") -> dict:
+                starts: int | None = None) -> dict:
     """Run every policy on one (pools, deadline) setting; check the invariants."""
     starts = starts or args.starts
     model = build_model(trace.select(pools), prices,
@@ -70,7 +73,7 @@ def run_setting(trace, prices, pools: list[str], deadline_h: float, args,
                         deadline_hours=deadline_h, changeover_hours=args.changeover_hours,
                         nodes=nodes)
     rows = pick_starts(model, starts=starts, seed=args.seed, t0=None)
-    key = tag + _cache_key(pools, deadline_h, args) + (f"|{starts}|n{nodes}" if tag else "")
+    key = _cache_key(trace, pools, deadline_h, args, starts, nodes)
     cached = cache.get(key) if cache is not None else None
     names = [n for n in ALL_POLICY_NAMES if n != OPTIMAL or cached is None]
     res = run_policies(model, rows, names, workers=args.workers)
@@ -152,10 +155,10 @@ def run_heldout(args, cache: dict[str, np.ndarray] | None) -> dict:
         trace = load_trace(_find(name))
         for deadline_h in args.deadlines:
             single = [run_setting(trace, None, [z], deadline_h, args, cache, nodes=nodes,
-                                  starts=args.heldout_starts, tag=f"heldout|{name}|")
+                                  starts=args.heldout_starts)
                       for z in trace.pools]
             every = run_setting(trace, None, trace.pools, deadline_h, args, cache, nodes=nodes,
-                                starts=args.heldout_starts, tag=f"heldout|{name}|")
+                                starts=args.heldout_starts)
             for setting, summaries in (("single_zone_avg", single), ("all_zones", [every])):
                 out.setdefault(label, {}).setdefault(setting, {})[str(deadline_h)] = {
                     n: float(np.mean([s[n]["mean_cost_vs_optimal"] for s in summaries]))
