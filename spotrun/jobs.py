@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from sqlalchemy.engine import Engine
 
@@ -30,11 +31,15 @@ class Submission:
     job_id: str
     store_uri: str
     checkpoint_uri: str
+    warnings: tuple[str, ...] = ()    # accepted, but worth saying (e.g. a price cap below all)
 
 
 def validate_submission(path: str | Path, settings: Settings) -> Submission:
     """Validate a spec file against the catalog and the provider's zones (writes nothing)."""
-    spec = load_spec_file(path, instance_types=load_catalog().names(), zones=known_zones(settings))
+    catalog = load_catalog()
+    zones = known_zones(settings)
+    spec = load_spec_file(path, instance_types=catalog.names(), zones=zones)
+    warnings = refuse_never_runs(spec, settings, catalog, zones)
     job_id = new_job_id(spec.name)
     store_uri = settings.store_url
     if spec.checkpoint.uri:
@@ -42,7 +47,19 @@ def validate_submission(path: str | Path, settings: Settings) -> Submission:
         checkpoint_uri = f"{spec.checkpoint.uri.rstrip('/')}/{job_id}"
     else:
         checkpoint_uri = f"{store_uri.rstrip('/')}/{layout.default_checkpoint_prefix(job_id)}"
-    return Submission(spec=spec, job_id=job_id, store_uri=store_uri, checkpoint_uri=checkpoint_uri)
+    return Submission(spec=spec, job_id=job_id, store_uri=store_uri, checkpoint_uri=checkpoint_uri,
+                      warnings=tuple(warnings))
+
+
+def refuse_never_runs(spec: JobSpec, settings: Settings, catalog: Any,
+                      zones: list[str]) -> list[str]:
+    """Raise the refusal (exit 2) for a job no type, zone and market can ever run; else warnings.
+
+    The catalog's prices suffice: what can never run does not depend on prices.
+    """
+    from spotrun.decide.from_settings import decide_for_cli, offline_market
+    return decide_for_cli(spec, settings, catalog,
+                          offline_market(settings, catalog, zones)).warnings
 
 
 def submit(sub: Submission, engine: Engine, progress: ProgressFn | None = None) -> Job:

@@ -30,11 +30,21 @@ MAX_MULTI_NODE = 1  # multi-node lands later; refuse with a clear message until 
 class Resources:
     """What each node needs, and where it may run."""
 
-    gpus: int = 1
+    gpus: int = 1                   # GPUs used per node: exactly this many (the range's low end)
     nodes: int = 1
     gpu_memory_gb: float | None = None
     instance_types: tuple[str, ...] = ()
     zones: tuple[str, ...] = ()
+    gpus_max: int | None = None     # a range "MIN-MAX": the plan picks the count per type
+
+    def gpu_counts(self, node_gpus: int) -> list[int]:
+        """The GPU counts per node the job may use on a node with node_gpus GPUs."""
+        hi = min(self.gpus_max or self.gpus, node_gpus)
+        return list(range(self.gpus, hi + 1))
+
+    def gpus_text(self) -> str:
+        """`8`, or `1-8` for a range (as the spec says it)."""
+        return f"{self.gpus}-{self.gpus_max}" if self.gpus_max else str(self.gpus)
 
 
 @dataclass(frozen=True)
@@ -193,7 +203,7 @@ def parse_spec(raw: Any, *, base_dir: Path, instance_types: Iterable[str], zones
 
 def _resources(raw: Any, types: set[str], zones: set[str]) -> Resources:
     m = _mapping(raw, "resources", {"gpus", "nodes", "gpu_memory_gb", "instance_types", "zones"})
-    gpus = _int(m, "gpus", "resources", 1, 64, 1)
+    gpus, gpus_max = _gpus(m)
     nodes = _int(m, "nodes", "resources", 1, 64, 1)
     if nodes > MAX_MULTI_NODE:
         raise SpecError("multi-node jobs are not supported yet; allowed: 1", field="resources.nodes",
@@ -211,7 +221,27 @@ def _resources(raw: Any, types: set[str], zones: set[str]) -> Resources:
             raise SpecError(f"unknown zone {z!r}; allowed: {', '.join(sorted(zones))}",
                             field=f"resources.zones[{i}]", value=z)
     return Resources(gpus=gpus, nodes=nodes, gpu_memory_gb=mem, instance_types=tuple(itypes),
-                     zones=tuple(zl))
+                     zones=tuple(zl), gpus_max=gpus_max)
+
+
+GPU_RANGE_RE = re.compile(r"^\s*(\d+)\s*-\s*(\d+)\s*$")
+
+
+def _gpus(m: dict[str, Any]) -> tuple[int, int | None]:
+    """resources.gpus: an integer 1-64 (exactly that many per node), or a range "MIN-MAX"."""
+    raw = m.get("gpus")
+    if isinstance(raw, str):
+        hit = GPU_RANGE_RE.match(raw)
+        lo, hi = (int(hit.group(1)), int(hit.group(2))) if hit else (0, 0)
+        if not hit or not 1 <= lo < hi <= 64:
+            raise SpecError('allowed: an integer 1-64, or a range "MIN-MAX" with 1 <= MIN < MAX '
+                            '<= 64', field="resources.gpus", value=raw)
+        return lo, hi
+    if raw is not None and (not isinstance(raw, int) or isinstance(raw, bool)
+                            or not 1 <= raw <= 64):
+        raise SpecError('allowed: an integer 1-64, or a range "MIN-MAX"', field="resources.gpus",
+                        value=raw)
+    return (1 if raw is None else raw), None
 
 
 def _model(raw: Any) -> ModelSpec:

@@ -11,8 +11,8 @@ import pytest
 
 from spotrun.catalog import load_catalog, parse_catalog
 from spotrun.costmodel import (CatalogPrices, JobStats, NoHistory, PoolStats, Priors, ScalingCurve,
-                               StaticHistory, ZonePrior, progress_fraction, rank_candidates,
-                               young_daly_interval_s)
+                               StaticHistory, ZonePrior, progress_fraction, young_daly_interval_s)
+from decide_helpers import rank_candidates
 from spotrun.errors import SpecError
 from spotrun.spec import parse_spec
 from spotrun.states import Market
@@ -91,8 +91,9 @@ def test_72h_on_demand_vs_85h_spot_costs_52_percent_less() -> None:
 def test_multi_gpu_rows_follow_the_scaling_table() -> None:
     rows = {f"g.{n}x": _row("G", n, 1.0 * n) for n in (1, 2, 3, 4, 8, 16)}
     cat = _catalog(rows, {"G": 1.0})
+    # A range lets each type use all of its GPUs (resources.gpus: "1-16").
     spec = _spec(cat, work={"reference_hours": 100, "reference_instance": "g.1x"},
-                 policy={"market": "on-demand"})
+                 resources={"gpus": "1-16"}, policy={"market": "on-demand"})
     by = {c.instance_type: c for c in _rank(spec, cat).candidates}
     for n, s in ((1, 1.0), (2, 1.8), (3, 2.5), (4, 3.2), (8, 5.6), (16, 8.5)):
         assert by[f"g.{n}x"].speedup == pytest.approx(s), n
@@ -102,7 +103,8 @@ def test_multi_gpu_rows_follow_the_scaling_table() -> None:
     assert _rank(spec, cat).candidates[0].instance_type == "g.1x"
     # A job's own curve overrides the default.
     own = _spec(cat, work={"reference_hours": 100, "reference_instance": "g.1x",
-                           "scaling": {2: 2.0, 8: 7.2}}, policy={"market": "on-demand"})
+                           "scaling": {2: 2.0, 8: 7.2}}, resources={"gpus": "1-16"},
+                policy={"market": "on-demand"})
     by = {c.instance_type: c for c in _rank(own, cat).candidates}
     assert by["g.2x"].speedup == pytest.approx(2.0)
     assert by["g.4x"].speedup == pytest.approx(2.0 + 5.2 * 2 / 6)
@@ -199,8 +201,8 @@ def test_memory_whole_state_unless_fsdp() -> None:
         parse_spec({"name": "m", "command": "x", "model": {"params_billion": 7}},
                    base_dir=Path("."), instance_types=cat.names(), zones=zones, now=NOW),
         catalog=cat, zones=zones, prices=CatalogPrices(cat, "us-east-1"), history=NoHistory(),
-        region="us-east-1", now=NOW).infeasible
-    assert all("GB per GPU" in i.reason for i in infeasible)
+        region="us-east-1", now=NOW).rejected
+    assert all("GB per GPU" in i.reason for i in infeasible if i.kind == "never")
 
 
 def test_pool_history_sets_reclaim_rate_restart_and_notice() -> None:

@@ -11,14 +11,18 @@ from click.testing import CliRunner
 
 from spotrun.catalog import load_catalog
 from spotrun.cli import cli
-from spotrun.costmodel import CatalogPrices, NoHistory, rank_candidates
+from spotrun.costmodel import CatalogPrices, NoHistory
+from decide_helpers import rank_candidates
 from spotrun.spec import load_spec_file
 from spotrun.zones import DEFAULT_AWS_ZONES
 
 REPO = Path(__file__).resolve().parents[1]
 SAMPLES = sorted((REPO / "configs" / "jobs").glob("*.yaml"))
-KEYS = {"instance_type", "zone", "market", "price_usd_per_hour", "speedup", "progress_fraction",
-        "usd_per_reference_hour", "expected_hours", "expected_usd", "expected_preemptions"}
+# The keys issue 12 asks for per candidate (more may be present).
+KEYS = {"instance_type", "zone", "market", "gpus_used", "node_gpus", "nodes", "price_usd_per_hour",
+        "speedup", "progress_fraction", "usd_per_reference_hour", "expected_hours",
+        "expected_usd", "expected_preemptions", "reclaims_per_hour", "reclaims_per_hour_source",
+        "checkpoint_interval_s", "checkpoint_interval_wall_s"}
 
 
 @pytest.fixture
@@ -42,20 +46,27 @@ def test_json_has_the_issue_keys_and_the_models_numbers(home: Path, path: Path) 
     res = _run(home, str(path), "--json")
     assert res.exit_code == 0, res.output
     out = json.loads(res.output)
-    assert set(out) == {"reference", "candidates", "infeasible"}
+    assert {"reference", "candidates", "rejected", "prices", "wait_reason"} <= set(out)
     assert out["candidates"], "every sample has candidates"
     for row in out["candidates"] + [out["reference"]]:
-        assert set(row) == KEYS
-    for row in out["infeasible"]:
-        assert set(row) == {"instance_type", "reason"} and row["reason"]
-    ranks = [r["usd_per_reference_hour"] for r in out["candidates"]]
+        assert KEYS <= set(row)
+    for row in out["rejected"]:
+        assert row["reason"] and row["kind"] in ("never", "now")
+    assert out["prices"]["source"] == "catalog snapshot"
     cat = load_catalog()
     zones = DEFAULT_AWS_ZONES["us-east-1"]
     spec = load_spec_file(path, instance_types=cat.names(), zones=zones)
     plan = rank_candidates(spec, catalog=cat, zones=zones, prices=CatalogPrices(cat, "us-east-1"),
                            history=NoHistory(), region="us-east-1",
                            now=datetime.now(timezone.utc))
-    assert out["candidates"] == [c.to_dict() for c in plan.candidates]
+    # Every ranked candidate is in the output, the launch order first.
+    launch = [r for r in out["candidates"] if r["launch"]]
+    assert out["candidates"][:len(launch)] == launch
+    strip = lambda r: {k: v for k, v in r.items()  # noqa: E731
+                       if k not in ("launch", "checkpoint_interval_wall_s", "expected_hours")}
+    assert sorted(map(str, map(strip, out["candidates"]))) == sorted(
+        str(strip(c.to_dict())) for c in plan.candidates)
+    ranks = [r["usd_per_reference_hour"] for r in launch]
     assert out["reference"]["market"] == "on-demand"
     assert all(r["expected_hours"] is not None for r in out["candidates"])
     if spec.policy.deadline is None:

@@ -30,6 +30,8 @@ def submit(spec_file: str, dry_run: bool, as_json: bool) -> None:
     """
     settings = get_settings()
     sub = validate_submission(spec_file, settings)
+    for warning in sub.warnings:
+        click.echo(f"warning: {warning}", err=True)
     if dry_run:
         from spotrun.cli.dryrun import dry_run_plan
         plan = dry_run_plan(sub, settings)

@@ -58,10 +58,11 @@ def build_loops(ctx: DaemonContext) -> list[Scheduled]:
              Scheduled(ReconcileLoop(ctx), d.reconcile_interval_s),
              Scheduled(HeartbeatLoop(ctx), d.heartbeat_interval_s),
              Scheduled(OrphanLoop(ctx), d.orphan_interval_s)]
-    volume_gb = ctx.settings.aws.volume_size_gb if ctx.provider.name == "aws" else 0.0
-    # Stopping a job takes a few wall seconds (save, stop, notice); on the local market
+    from spotrun.providers.facts import facts_for
+    volume_gb = facts_for(ctx.settings).billed_volume_gb(ctx.settings)
+    # Stopping a job takes a few wall seconds (save, stop, notice); on an accelerated market
     # that is `time_scale` times more provider seconds of spend to leave room for.
-    scale = ctx.settings.local.time_scale if ctx.provider.name == "local" else 1.0
+    scale = ctx.time_scale
     loops.append(Scheduled(SpendLoop(ctx.engine, ctx.provider, volume_gb=volume_gb,
                                      stop_margin_s=max(900.0, STOP_WALL_S * scale)),
                            d.spend_interval_s))

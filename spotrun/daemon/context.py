@@ -41,6 +41,12 @@ class DaemonContext:
     log: structlog.stdlib.BoundLogger = field(
         default_factory=lambda: structlog.get_logger("spotrun.daemon"))
 
+    @property
+    def time_scale(self) -> float:
+        """Provider-clock seconds per wall second (the provider's own fact)."""
+        from spotrun.providers.facts import facts_for
+        return facts_for(self.settings).time_scale(self.settings)
+
     def checkpointed_step(self, job_id: str, checkpoint_uri: str, fallback: int) -> int:
         """The newest complete checkpoint's step: where the next attempt resumes."""
         from spotrun.checkpoints import latest_verified

@@ -25,31 +25,30 @@ from typing import NamedTuple
 
 import numpy as np
 
-from spotrun.catalog import load_catalog
-from spotrun.costmodel import Candidate, DbHistory, rank_candidates
-from spotrun.daemon.choose import Choice
 from spotrun.daemon.context import DaemonContext
 from spotrun.db import Attempt, Job, add_event, attempts_of, session
+from spotrun.decide import Candidate
+from spotrun.decide.deadline import (DEFAULT_TICK_S, market_rows, policy_places, policy_target,
+                                     work_seconds)
 from spotrun.errors import ConfigError, SpotrunError
 from spotrun.policy import POLICIES, Decision, JobProgress, MarketHistory, Mode, Policy, \
     make_policy
 from spotrun.providers.base import Pool
 from spotrun.spec import JobSpec, job_spec
-from spotrun.states import AttemptState, EndReason, Market, MarketPolicy
+from spotrun.states import AttemptState, EndReason, Market
 
-DEFAULT_TICK_S = 300.0      # decision interval where the provider has no natural one
 DECISION_LOG_LEN = 10_000   # per job, most recent decisions kept in memory (inspection, tests)
 LIVE = (AttemptState.LAUNCHING, AttemptState.RUNNING)
 # Slot arithmetic on provider seconds: a decision exactly on a boundary belongs to it.
 _SLOT_EPS = 1e-6
 
 
-class Placement(NamedTuple):
+class PolicyStep(NamedTuple):
     """The policy's decision for one job and interval, and what it means for the scheduler."""
 
     at: datetime                 # provider time of the decision
     decision: Decision
-    target: Choice | None        # where the job should run for the interval (None: nowhere)
+    target: Candidate | None     # where the job should run for the interval (None: nowhere)
     current: Attempt | None      # the live attempt the job is on now
     act: bool                    # False: change nothing (a lost interval, work done, a launch
     #                              still unresolved)
@@ -133,14 +132,11 @@ class PolicyPlacer:
     def manages(self, job: Job) -> bool:
         """True for jobs the policy places: a deadline, market auto, and a work estimate."""
         spec = job_spec(job)
-        if not spec.policy.deadline or spec.policy.market is not MarketPolicy.AUTO:
+        if not spec.policy.deadline:
             return False
-        if spec.work.reference_hours is not None:
-            return True
-        # Steps only: the policy takes over once the agent has measured a speed.
         with session(self.ctx.engine) as s:
-            return spec.work.total_steps is not None and any(
-                a.steps_per_s for a in attempts_of(s, job.id))
+            measured = any(a.steps_per_s for a in attempts_of(s, job.id))
+        return policy_places(spec, measured)
 
     @property
     def tick_s(self) -> float:
@@ -150,11 +146,10 @@ class PolicyPlacer:
     def _grid_params(self) -> tuple[float, float]:
         if self._grid is None:
             origin, natural = 0.0, None
-            client = getattr(self.ctx.provider, "client", None)
-            if self.ctx.provider.name == "local" and hasattr(client, "time"):
-                # The local market's rows begin at its epoch: decide on row boundaries.
-                info = client.time()
-                origin, natural = float(info["epoch_wall_s"]), float(info["tick_s"])
+            grid = getattr(self.ctx.provider, "decision_grid", None)
+            if grid is not None:
+                # A market replaying a trace: decide on its row boundaries.
+                origin, natural = grid()
             tick = self.ctx.settings.daemon.policy_tick_s or natural or DEFAULT_TICK_S
             self._grid = (origin, tick)
         return self._grid
@@ -176,7 +171,7 @@ class PolicyPlacer:
 
     # ------------------------------------------------------------ deciding
 
-    def decide(self, job: Job) -> Placement | None:
+    def decide(self, job: Job) -> PolicyStep | None:
         """The decision for the current interval; None when this interval is already decided."""
         now = self.ctx.provider.now()
         slot = self.slot(now)
@@ -188,15 +183,15 @@ class PolicyPlacer:
             attempts = attempts_of(s, job.id)
         live = [a for a in attempts if a.state in LIVE]
         current = live[-1] if live else None
-        plan = rank_candidates(spec, catalog=load_catalog(), zones=self.ctx.provider.zones(),
-                               prices=self.ctx.provider, history=DbHistory(self.ctx.engine),
-                               region=self.ctx.settings.region, now=now, job_id=job.id,
-                               steps_done=job.last_step)
-        itype = current.instance_type if current else self._best_type(plan.candidates)
+        from spotrun.daemon.decision import placement_for
+        placed = placement_for(self.ctx, job, spec)
+        ranked = placed.ranking.candidates
+        itype = current.instance_type if current else (ranked[0].instance_type if ranked
+                                                        else None)
         if itype is None:
             return self._record(job, now, slot, Decision(Mode.IDLE), None, current, act=False)
-        mine = [c for c in plan.candidates if c.instance_type == itype]
-        market = self._observe(spec, itype, slot)
+        mine = [c for c in ranked if c.instance_type == itype]
+        market = self._observe(spec, itype, slot, placed.market)
         view = market.view(len(market) - 1)
         pools = market.pools
         up = view.up_now()
@@ -244,16 +239,13 @@ class PolicyPlacer:
         if current is not None and current.instance_id is None:
             # A launch still being resolved (same client token next tick): do not move yet.
             return self._record(job, now, slot, decision, None, current, act=False)
-        target = _target(decision, itype, mine)
+        target = policy_target(decision, itype, mine)
         return self._record(job, now, slot, decision, target, current, act=True)
 
-    def _best_type(self, candidates: list[Candidate]) -> str | None:
-        return candidates[0].instance_type if candidates else None
-
-    def _observe(self, spec: JobSpec, itype: str, slot: int) -> MarketHistory:
+    def _observe(self, spec: JobSpec, itype: str, slot: int, snapshot) -> MarketHistory:
         """The recorded market of the type's zones, with this interval's row added once."""
         provider = self.ctx.provider
-        rows = _market_rows(provider, itype, list(spec.resources.zones))
+        rows = market_rows(snapshot, itype, list(spec.resources.zones))
         key = (itype, tuple(z for z, _, _ in rows))
         rec = self._markets.get(key)
         if rec is None:
@@ -269,17 +261,11 @@ class PolicyPlacer:
                 now: datetime) -> tuple[float, float] | None:
         """(total, done) productive seconds on the type; None when the work cannot be told."""
         rates = [a.steps_per_s for a in attempts if a.steps_per_s and a.instance_type == itype]
-        if spec.work.total_steps and rates:
-            sps = rates[-1]
-            return spec.work.total_steps / sps, job.last_step / sps
-        if spec.work.reference_hours is not None:
-            speedup = mine[0].speedup if mine else 1.0
-            return (spec.work.reference_hours * 3600.0 / speedup,
-                    clock_progress_s(attempts, changeover_s, now))
-        return None
+        return work_seconds(spec, mine, rates[-1] if rates else None, job.last_step,
+                            clock_progress_s(attempts, changeover_s, now))
 
     def _record(self, job: Job, now: datetime, slot: int, decision: Decision,
-                target: Choice | None, current: Attempt | None, *, act: bool) -> Placement:
+                target: Candidate | None, current: Attempt | None, *, act: bool) -> PolicyStep:
         log = self._decisions.setdefault(job.id, deque(maxlen=DECISION_LOG_LEN))
         if not log or log[-1][1] != decision:
             with session(self.ctx.engine) as s:
@@ -289,7 +275,7 @@ class PolicyPlacer:
         self._last[job.id] = (slot, now)
         self.ctx.log.debug("policy_decision", job=job.id, slot=slot, mode=decision.mode.value,
                            pool=decision.pool)
-        return Placement(now, decision, target, current, act)
+        return PolicyStep(now, decision, target, current, act)
 
 
 def _current_decision(att: Attempt | None) -> Decision:
@@ -302,42 +288,3 @@ def _current_decision(att: Attempt | None) -> Decision:
 
 def _describe(d: Decision) -> str:
     return f"spot {d.pool}" if d.mode is Mode.SPOT else d.mode.value
-
-
-def _target(decision: Decision, itype: str, mine: list[Candidate]) -> Choice | None:
-    """The launch pool and the cost model's figures for a decision (None for idle)."""
-    if decision.mode is Mode.IDLE:
-        return None
-    market = Market.SPOT if decision.mode is Mode.SPOT else Market.ON_DEMAND
-    same_market = [c for c in mine if c.market is market]
-    if market is Market.SPOT:
-        exact = [c for c in same_market if c.zone == decision.pool]
-        figures = (exact or same_market or mine or [None])[0]
-        zone = decision.pool or ""
-    else:
-        figures = (same_market or mine or [None])[0]
-        zone = figures.zone if figures is not None else ""
-    if figures is None:
-        raise SpotrunError("the cost model offers no pool of this type", field="instance_type",
-                           value=itype)
-    return Choice(Pool(itype, zone, market), figures)
-
-
-def _market_rows(provider, itype: str, zones: list[str]) -> list[tuple[str, bool, float]]:
-    """(zone, spot available now, spot USD/h) per zone of the type, in the provider's order."""
-    fn = getattr(provider, "market_view", None)
-    rows: list[tuple[str, bool, float]] = []
-    if fn is not None:
-        for v in fn([itype]):
-            if v.instance_type != itype or (zones and v.zone not in zones):
-                continue
-            price = v.spot_price_usd_per_hour
-            rows.append((v.zone, bool(v.available) and price is not None,
-                         float(price) if price is not None else math.nan))
-        return rows
-    # No availability feed (AWS): a priced pool counts as available; a refused launch shows
-    # up as a failed attempt, and the next interval decides again.
-    for z in zones or provider.zones():
-        price = provider.spot_price(itype, z)
-        rows.append((z, price is not None, float(price) if price is not None else math.nan))
-    return rows

@@ -18,9 +18,11 @@ from sqlmodel import select
 
 from spotrun.agent.config import AgentConfig
 from spotrun.config import Settings
-from spotrun.daemon.choose import Choice, choose
 from spotrun.daemon.context import DaemonContext
+from spotrun.daemon.decision import placement_for
 from spotrun.daemon.placement import PolicyPlacer, same_pool
+from spotrun.decide import MAX_CANDIDATES, Candidate
+from spotrun.decide.deadline import deadline_on_provider_clock
 from spotrun.daemon.reconcile import terminate_attempt
 from spotrun.db import Attempt, Job, add_event, attempts_of, session
 from spotrun.errors import CapacityError, ProviderError
@@ -33,7 +35,11 @@ NEEDS_LAUNCH = (JobState.QUEUED, JobState.RECOVERING)
 # Deadline jobs are placed by the shared policy in every live state (it may move them).
 PLACED = (JobState.QUEUED, JobState.RECOVERING, JobState.STARTING, JobState.RUNNING)
 RETRY_AFTER_NO_CAPACITY_S = 2.0
-MAX_CANDIDATES = 8   # pools offered per launch; the next launch re-ranks anyway
+
+
+def pool_of(c: Candidate) -> Pool:
+    """The pool a candidate names."""
+    return Pool(c.instance_type, c.zone, c.market)
 
 
 class SchedulerLoop:
@@ -68,19 +74,15 @@ class SchedulerLoop:
             self._launch_for(job, now)
 
     def _fix_deadline(self, job: Job) -> Job:
-        """Put a deadline on the provider's clock once, keeping its distance from submission.
-
-        A cloud's clock is the wall's, so nothing changes there; the local market runs
-        `time_scale` times faster, and "72 hours" means 72 of its hours.
-        """
-        scaled = self.ctx.provider.name == "local" and self.ctx.settings.local.time_scale != 1.0
+        """Put a deadline on the provider's clock once (the one conversion; see decide)."""
         deadline = spec_from_dict(job.spec).policy.deadline
-        if not scaled or deadline is None or job.deadline_at is not None:
+        if deadline is None or job.deadline_at is not None:
             return job
-        offset = datetime.fromisoformat(deadline) - job.created_at
         with session(self.ctx.engine) as s:
             j = s.get(Job, job.id)
-            j.deadline_at = self.ctx.provider.now() + offset
+            j.deadline_at = deadline_on_provider_clock(
+                datetime.fromisoformat(deadline), job.created_at, self.ctx.provider.now(),
+                self.ctx.time_scale)
             s.add(j)
             s.commit()
             return j
@@ -91,10 +93,10 @@ class SchedulerLoop:
         if p is None or not p.act:
             return
         current, target = p.current, p.target
-        if current is not None and target is not None and same_pool(current, target.pool):
+        if current is not None and target is not None and same_pool(current, pool_of(target)):
             return
         if current is not None:
-            where = target.pool.key() if target is not None else "wait (idle)"
+            where = pool_of(target).key() if target is not None else "wait (idle)"
             terminate_attempt(self.ctx, current, EndReason.MOVED, f"policy: {where}")
         if target is None:
             return
@@ -110,18 +112,16 @@ class SchedulerLoop:
             attempts = attempts_of(s, job.id)
         if any(not a.state.is_terminal() for a in attempts):
             return
-        choices = choose(spec, self.ctx.provider, self.ctx.settings, self.ctx.engine,
-                         job_id=job.id, steps_done=job.last_step,
-                         allow_on_demand=spec.policy.deadline is not None)
-        if not choices:
-            self._wait(job, now, "no pool available now; waiting for capacity")
+        placed = placement_for(self.ctx, job, spec)
+        if not placed.candidates:
+            self._wait(job, now, placed.wait_reason or "no pool can take the job now")
             return
-        self._start_attempt(job, attempts, choices[:MAX_CANDIDATES], now)
+        self._start_attempt(job, attempts, placed.candidates[:MAX_CANDIDATES], now)
 
-    def _start_attempt(self, job: Job, attempts: list[Attempt], choices: list[Choice],
+    def _start_attempt(self, job: Job, attempts: list[Attempt], choices: list[Candidate],
                        now: datetime) -> None:
         """Intent row (with its client token) first, then the launch over choices in order."""
-        pools = [c.pool for c in choices]
+        pools = [pool_of(c) for c in choices]
         if not self._budget_allows(job, choices[0], now):
             return
         number = (attempts[-1].number + 1) if attempts else 1
@@ -132,13 +132,14 @@ class SchedulerLoop:
                           market=first.market, instance_type=first.instance_type, zone=first.zone,
                           price_usd_per_hour=price, start_step=start_step,
                           client_token=f"{job.id}-a{number}-{secrets.token_hex(4)}",
-                          gpus=choices[0].candidate.gpus,
-                          checkpoint_interval_s=choices[0].candidate.checkpoint_interval_s,
+                          gpus=choices[0].gpus,
+                          checkpoint_interval_s=choices[0].checkpoint_interval_s,
                           candidates=pools_to_json(pools[:MAX_CANDIDATES]))
         with session(self.ctx.engine) as s:
             s.add(attempt)
             j = s.get(Job, job.id)
             j.state = JobState.STARTING
+            j.reason = None
             j.last_step = start_step
             j.updated_at = now
             s.add(j)
@@ -217,10 +218,9 @@ class SchedulerLoop:
                           instance=info.instance_id, pool=f"{info.instance_type}/{info.zone}",
                           market=info.market.value)
 
-    def _budget_allows(self, job: Job, choice: Choice, now: datetime) -> bool:
+    def _budget_allows(self, job: Job, c: Candidate, now: datetime) -> bool:
         """Refuse a launch the model expects to overrun the budget; stop the job instead."""
         from spotrun.ledger.budget import budget_check, request_budget_stop
-        c = choice.candidate
         # The next stretch: one checkpoint interval, or the whole remaining work if shorter.
         hours = c.checkpoint_interval_s / 3600.0
         if c.expected_hours is not None:
@@ -244,15 +244,17 @@ class SchedulerLoop:
             s.commit()
 
     def _wait(self, job: Job, now: datetime, why: str) -> None:
-        first_wait = job.id not in self._no_capacity_until
+        """No launch now: retry soon; the job shows the true reason it waits (one writer)."""
         self._no_capacity_until[job.id] = now + timedelta(seconds=RETRY_AFTER_NO_CAPACITY_S)
         with session(self.ctx.engine) as s:
             j = s.get(Job, job.id)
             if j.state is JobState.STARTING:
                 j.state = JobState.RECOVERING if j.last_step or attempts_of(s, j.id) else \
                     JobState.QUEUED
-                s.add(j)
-            if first_wait:
+            changed = j.reason != why
+            j.reason = why
+            s.add(j)
+            if changed:
                 add_event(s, job.id, "waiting", why)
             s.commit()
 
@@ -265,21 +267,19 @@ class SchedulerLoop:
 
     def agent_config(self, job: Job, attempt: Attempt) -> AgentConfig:
         """The user data for an attempt's instance."""
-        return build_agent_config(self.ctx.settings, self.ctx.provider.name, job, attempt)
+        return build_agent_config(self.ctx.settings, job, attempt)
 
 
-def build_agent_config(settings: Settings, provider_name: str, job: Job,
-                       attempt: Attempt) -> AgentConfig:
+def build_agent_config(settings: Settings, job: Job, attempt: Attempt) -> AgentConfig:
     """The agent's configuration for one attempt (the instance's user data)."""
+    from spotrun.providers.facts import facts_for
     spec = spec_from_dict(job.spec)
     st = settings
-    # The local market runs faster than the wall; agents time things in wall seconds.
-    scale = st.local.time_scale if provider_name == "local" else 1.0
-    interval_s = None
-    if spec.checkpoint.interval_minutes is not None:
-        interval_s = spec.checkpoint.interval_minutes * 60.0 / scale
-    elif attempt.checkpoint_interval_s:
-        interval_s = attempt.checkpoint_interval_s / scale  # Young/Daly, from the model
+    facts = facts_for(st)
+    # The provider's clock may run faster than the wall (the local market); agents time things
+    # in wall seconds.
+    scale = facts.time_scale(st)
+    interval_s = attempt.checkpoint_interval_s / scale if attempt.checkpoint_interval_s else None
     return AgentConfig(
         job_id=job.id, attempt=attempt.number, store_uri=job.store_uri,
         checkpoint_uri=job.checkpoint_uri, command=spec.command, env=dict(spec.env),
@@ -290,5 +290,4 @@ def build_agent_config(settings: Settings, provider_name: str, job: Job,
         notice_poll_interval_s=st.agent.notice_poll_interval_s,
         log_flush_interval_s=st.agent.log_flush_interval_s,
         deadman_timeout_s=st.daemon.deadman_timeout_s, region=st.region,
-        **({"imds_endpoint": st.aws.imds_endpoint}
-           if provider_name == "aws" and st.aws.imds_endpoint else {}))
+        **facts.agent_extras(st))

@@ -14,7 +14,7 @@ from typing import Any, Callable, TypeVar
 
 from spotrun.catalog import Catalog, load_catalog
 from spotrun.errors import CapacityError, ProviderError
-from spotrun.market.client import MarketClient, MarketRefused, ensure_market
+from spotrun.market.client import MarketClient, MarketRefused, ensure_market, read_live_info
 from spotrun.market.clock import SystemClock, WallClock, to_dt
 from spotrun.market.options import MarketOptions
 from spotrun.providers.base import (TAG_ATTEMPT, TAG_JOB, TAG_MANAGED, InstanceInfo, LaunchPlan,
@@ -56,6 +56,7 @@ class LocalProvider:
     """Provider backed by a local market process (see spotrun.market)."""
 
     name = "local"
+    snapshot_source = "live (local market)"
 
     def __init__(self, client: MarketClient | None = None, *, region: str = "us-east-1",
                  state_dir: Path | None = None, options: MarketOptions | None = None,
@@ -174,3 +175,35 @@ class LocalProvider:
         return [PoolView(r["instance_type"], r["zone"], bool(r["available"]),
                          r["spot_price_usd_per_hour"], r["on_demand_price_usd_per_hour"])
                 for r in raws]
+
+    def decision_grid(self) -> tuple[float, float]:
+        """(origin, tick) in market seconds: the replayed trace's row boundaries."""
+        info = self._call(lambda c: c.time())
+        return float(info["epoch_wall_s"]), float(info["tick_s"])
+
+    def peek_snapshot(self, instance_types: list[str], zones: list[str] | None = None) -> Any:
+        """The market as a decision sees it, without starting a market that is not running.
+
+        A running market answers live; otherwise its order book at the trace row it would
+        start from is read in-process (nothing is written).
+        """
+        from spotrun.decide.market import MarketSnapshot, provider_snapshot
+        if self._client is not None or (self.state_dir is not None
+                                        and read_live_info(self.state_dir)):
+            return provider_snapshot(self, instance_types, zones)
+        assert self.options is not None
+        book = self.options.load_book()
+        pos = float(self.options.start_tick)
+        zl = tuple(z for z in book.zones if not zones or z in zones)
+        names = [t for t in instance_types if book.on_demand_price(t) is not None]
+        return MarketSnapshot(
+            zones=zl, at=to_dt(self.wall.time()),
+            source=f"local market trace at row {self.options.start_tick} (market not running)",
+            spot={(t, z): book.spot_price(t, z, pos) for t in names for z in zl},
+            available={(t, z): book.available(z, pos) for t in names for z in zl},
+            on_demand={t: book.on_demand_price(t) for t in instance_types})
+
+    def offline_tick_s(self) -> float:
+        """The trace's tick in market seconds, read without a running market."""
+        assert self.options is not None
+        return float(self.options.load_trace().tick_s)

@@ -1,0 +1,24 @@
+"""The daemon's call into the one decision (spotrun.decide), with its live inputs.
+
+The market snapshot comes from the provider, the history from the state database, the
+deadline from the job row (fixed once on the provider's clock) and pools that just refused a
+launch are left out; everything else is `decide` itself.
+"""
+
+from __future__ import annotations
+
+from spotrun.catalog import load_catalog
+from spotrun.costmodel import DbHistory
+from spotrun.daemon.context import DaemonContext
+from spotrun.db import Job
+from spotrun.decide import Placement, decide, hours_left, provider_snapshot
+from spotrun.spec import JobSpec
+
+
+def placement_for(ctx: DaemonContext, job: Job, spec: JobSpec) -> Placement:
+    """Where the job's next attempt should run, decided on what the daemon sees now."""
+    catalog = load_catalog()
+    market = provider_snapshot(ctx.provider, catalog.names(), spec.resources.zones or None)
+    return decide(spec, catalog=catalog, market=market, history=DbHistory(ctx.engine),
+                  hours_left=hours_left(spec.policy.deadline, market.at),
+                  time_scale=ctx.time_scale, job_id=job.id, steps_done=job.last_step)

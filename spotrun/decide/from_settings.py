@@ -1,0 +1,95 @@
+"""The one decision on settings alone: the market view, the history, the deadline.
+
+`spotrun plan --live` and `spotrun submit --dry-run` read the market exactly as the daemon
+will (a running local market, or its trace without starting it; EC2 prices on AWS), so the
+first candidate they print is what the daemon launches first when the market holds still.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from spotrun.catalog import Catalog
+from spotrun.config import Settings
+from spotrun.costmodel.history import DbHistory, HistorySource, NoHistory
+from spotrun.decide import (Placement, catalog_snapshot, decide, hours_left, provider_snapshot,
+                            refusal)
+from spotrun.decide.deadline import DEFAULT_TICK_S, first_decision, policy_places
+from spotrun.decide.market import MarketSnapshot
+from spotrun.errors import SpotrunError
+from spotrun.providers.facts import facts_for
+from spotrun.spec import JobSpec
+
+
+def history(settings: Settings) -> HistorySource:
+    """The state database's history when there is one; reading never creates it."""
+    url = settings.database_url
+    if url.startswith("sqlite:///") and not Path(url[len("sqlite:///"):]).exists():
+        return NoHistory()
+    from spotrun.db import make_engine
+    return DbHistory(make_engine(url))
+
+
+def live_market(settings: Settings, catalog: Catalog, zones: list[str] | None
+                ) -> tuple[MarketSnapshot, Any]:
+    """The provider's market as the daemon reads it (nothing started, nothing written)."""
+    from spotrun.providers import make_provider
+    provider = make_provider(settings)
+    peek = getattr(provider, "peek_snapshot", None)
+    market = peek(catalog.names(), zones) if peek is not None else provider_snapshot(
+        provider, catalog.names(), zones)
+    return market, provider
+
+
+def offline_market(settings: Settings, catalog: Catalog, zones: list[str]) -> MarketSnapshot:
+    """The packaged catalog's prices in the provider's zones."""
+    return catalog_snapshot(catalog, settings.region, zones, datetime.now(timezone.utc))
+
+
+def decide_for_cli(spec: JobSpec, settings: Settings, catalog: Catalog, market: MarketSnapshot,
+                   *, provider: Any = None, refuse: bool = True) -> Placement:
+    """decide() on the CLI's inputs; raises the refusal (exit 2) for a job that never runs."""
+    hist = history(settings)
+    left = hours_left(spec.policy.deadline, datetime.now(timezone.utc))
+    scale = facts_for(settings).time_scale(settings)
+    placed = decide(spec, catalog=catalog, market=market, history=hist, hours_left=left,
+                    time_scale=scale)
+    if refuse:
+        err = refusal(spec, placed.ranking, catalog=catalog, market=market, history=hist,
+                      hours_left=left)
+        if err is not None:
+            raise err
+    if policy_places(spec, has_measured_speed=False):
+        placed = _with_policy(spec, settings, placed, market, provider)
+    return placed
+
+
+def _with_policy(spec: JobSpec, settings: Settings, placed: Placement, market: MarketSnapshot,
+                 provider: Any) -> Placement:
+    """A deadline job's first launch: the policy's pick for the ranked type (as the daemon)."""
+    from dataclasses import replace
+    tick_s = settings.daemon.policy_tick_s or _natural_tick(provider) or DEFAULT_TICK_S
+    first = first_decision(spec, placed.ranking.candidates, market,
+                           policy_name=settings.daemon.policy, tick_s=tick_s,
+                           changeover_s=settings.daemon.policy_changeover_s or None,
+                           now=datetime.now(timezone.utc))
+    if first is None:
+        return placed
+    decision, target = first
+    if target is None:
+        return replace(placed, candidates=[], policy_decision=decision,
+                       wait_reason=f"the deadline policy {settings.daemon.policy} waits "
+                                   f"(idle) this interval")
+    return replace(placed, candidates=[target], policy_decision=decision)
+
+
+def _natural_tick(provider: Any) -> float | None:
+    if provider is None:
+        return None
+    tick = getattr(provider, "offline_tick_s", None)
+    try:
+        return float(tick()) if tick is not None else None
+    except SpotrunError:
+        return None

@@ -1,0 +1,102 @@
+"""The market the decision sees: spot prices, availability and on-demand prices at one moment.
+
+One value, built once per decision from the provider (live), or from the catalog snapshot
+when no provider can be asked; `plan`, `submit --dry-run` and the daemon all decide on one.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Callable, Iterable
+
+from spotrun.catalog import Catalog
+from spotrun.costmodel.prices import CatalogPrices, safe_price
+
+PoolKey = tuple[str, str]
+
+
+@dataclass(frozen=True)
+class MarketSnapshot:
+    """Prices and spot availability per pool at `at` (provider clock)."""
+
+    zones: tuple[str, ...]
+    spot: dict[PoolKey, float | None]
+    on_demand: dict[str, float | None]
+    at: datetime
+    source: str                                   # "live", "catalog snapshot", ...
+    available: dict[PoolKey, bool] = field(default_factory=dict)  # missing: not known
+    # Providers without a market view are asked per pool, once, only for pools a decision reads.
+    fetch: Callable[[str, str], float | None] | None = field(default=None, compare=False,
+                                                             repr=False)
+
+    def spot_price(self, instance_type: str, zone: str) -> float | None:
+        """Spot USD/h of a pool, or None when it has none."""
+        key = (instance_type, zone)
+        if key not in self.spot and self.fetch is not None:
+            self.spot[key] = self.fetch(instance_type, zone)
+        return self.spot.get(key)
+
+    def on_demand_price(self, instance_type: str) -> float | None:
+        """On-demand USD/h of a type, or None when unlisted."""
+        return self.on_demand.get(instance_type)
+
+    def is_available(self, instance_type: str, zone: str) -> bool:
+        """False only when the provider said the pool has no spot capacity now."""
+        return self.available.get((instance_type, zone), True)
+
+    def cheapest_spot(self, types: Iterable[str]) -> tuple[float, str, str] | None:
+        """(price, type, zone) of the cheapest priced spot pool among types, or None."""
+        best: tuple[float, str, str] | None = None
+        wanted = set(types)
+        for (t, z), p in self.spot.items():
+            if t in wanted and p is not None and (best is None or p < best[0]):
+                best = (p, t, z)
+        return best
+
+    def to_dict(self) -> dict[str, Any]:
+        """Where the prices came from, for `--json` output."""
+        return {"source": self.source, "at": self.at.isoformat(), "zones": list(self.zones)}
+
+
+def catalog_snapshot(catalog: Catalog, region: str, zones: Iterable[str], at: datetime,
+                     types: Iterable[str] | None = None) -> MarketSnapshot:
+    """The packaged catalog's prices (spot: the snapshot's midpoint in every zone)."""
+    prices = CatalogPrices(catalog, region)
+    names = list(types or catalog.names())
+    zl = tuple(zones)
+    return MarketSnapshot(
+        zones=zl, at=at, source="catalog snapshot",
+        spot={(t, z): prices.spot_price(t, z) for t in names for z in zl},
+        on_demand={t: prices.on_demand_price(t) for t in names})
+
+
+def provider_snapshot(provider: Any, types: Iterable[str], zones: Iterable[str] | None = None,
+                      ) -> MarketSnapshot:
+    """The provider's live view: its market_view where it has one, else price calls per pool."""
+    names = list(types)
+    zl = tuple(zones or provider.zones())
+    at = provider.now()
+    spot: dict[PoolKey, float | None] = {}
+    avail: dict[PoolKey, bool] = {}
+    view = getattr(provider, "market_view", None)
+    if view is not None:
+        rows = view(names)
+        # The provider's own zone order (a trace's column order) is what policies index by.
+        seen = list(dict.fromkeys(r.zone for r in rows if r.zone in zl))
+        zl = tuple(seen + [z for z in zl if z not in seen])
+        for row in rows:
+            if row.zone in zl:
+                p = row.spot_price_usd_per_hour
+                spot[(row.instance_type, row.zone)] = None if p is None or (
+                    isinstance(p, float) and math.isnan(p)) else float(p)
+                avail[(row.instance_type, row.zone)] = bool(row.available)
+        fetch = None
+    else:
+        def fetch(t: str, z: str) -> float | None:
+            return safe_price(provider.spot_price, t, z)
+    od = {t: safe_price(provider.on_demand_price, t) for t in names}
+    source = getattr(provider, "snapshot_source", "live")
+    return MarketSnapshot(zones=zl, spot=spot, on_demand=od, at=at, source=source,
+                          available=avail, fetch=fetch)
