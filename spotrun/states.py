@@ -93,3 +93,64 @@ class TerminationCause(str, Enum):
     USER = "user"                                 # we terminated it
     INSTANCE_SHUTDOWN = "instance-shutdown"       # the agent shut it down (job ended)
     UNKNOWN = "unknown"
+
+
+# ---------------------------------------------------------------- transitions
+# The one table of who may follow whom. Every state change goes through move_job /
+# move_attempt, so a succeeded job can never be sent back to run (no row leaves SUCCEEDED).
+
+_J = JobState
+JOB_TRANSITIONS: dict[JobState, frozenset[JobState]] = {
+    _J.QUEUED: frozenset({_J.STARTING, _J.CANCELLING, _J.CANCELLED, _J.BUDGET_EXHAUSTED,
+                          _J.FAILED}),
+    _J.STARTING: frozenset({_J.RUNNING, _J.QUEUED, _J.RECOVERING, _J.CANCELLING, _J.SUCCEEDED,
+                            _J.FAILED, _J.BUDGET_EXHAUSTED}),
+    _J.RUNNING: frozenset({_J.STARTING, _J.RECOVERING, _J.CANCELLING, _J.SUCCEEDED, _J.FAILED,
+                           _J.BUDGET_EXHAUSTED}),
+    _J.RECOVERING: frozenset({_J.STARTING, _J.RUNNING, _J.CANCELLING, _J.CANCELLED,
+                              _J.SUCCEEDED, _J.FAILED, _J.BUDGET_EXHAUSTED}),
+    _J.CANCELLING: frozenset({_J.CANCELLED}),
+    _J.SUCCEEDED: frozenset(),
+    _J.CANCELLED: frozenset(),
+    # A user's `spotrun resume` (more budget, or after fixing a failure) requeues these.
+    _J.FAILED: frozenset({_J.RECOVERING}),
+    _J.BUDGET_EXHAUSTED: frozenset({_J.RECOVERING}),
+}
+
+_A = AttemptState
+ATTEMPT_TRANSITIONS: dict[AttemptState, frozenset[AttemptState]] = {
+    _A.LAUNCHING: frozenset({_A.RUNNING, _A.TERMINATING, _A.ENDED}),
+    _A.RUNNING: frozenset({_A.TERMINATING, _A.ENDED}),
+    _A.TERMINATING: frozenset({_A.ENDED}),
+    _A.ENDED: frozenset(),
+}
+
+
+class TransitionError(Exception):
+    """A state change the table forbids (a bug in the caller, never user input)."""
+
+
+def check_transition(table: dict, current: Enum, to: Enum) -> bool:
+    """True when current -> to is a change the table allows; False when it is no change."""
+    if current is to:
+        return False
+    if to not in table[current]:
+        raise TransitionError(f"{type(current).__name__} {current.value} -> {to.value} "
+                              f"is not allowed")
+    return True
+
+
+def move_job(job: object, to: JobState) -> bool:
+    """Set job.state to `to` if the table allows it; True when it changed."""
+    changed = check_transition(JOB_TRANSITIONS, getattr(job, "state"), to)
+    if changed:
+        setattr(job, "state", to)
+    return changed
+
+
+def move_attempt(attempt: object, to: AttemptState) -> bool:
+    """Set attempt.state to `to` if the table allows it; True when it changed."""
+    changed = check_transition(ATTEMPT_TRANSITIONS, getattr(attempt, "state"), to)
+    if changed:
+        setattr(attempt, "state", to)
+    return changed

@@ -21,3 +21,29 @@ def test_values_are_the_brief_lower_case_names():
     assert {s.value for s in JobState} >= {"queued", "running", "recovering", "succeeded",
                                            "failed", "cancelled", "budget_exhausted"}
     assert all(s.value == s.value.lower() for s in JobState)
+
+
+def test_transition_table_is_total_and_terminal_states_do_not_run_again():
+    from spotrun.states import (ATTEMPT_TRANSITIONS, JOB_TRANSITIONS, TransitionError,
+                                move_attempt, move_job)
+    assert set(JOB_TRANSITIONS) == set(JobState)
+    assert set(ATTEMPT_TRANSITIONS) == set(AttemptState)
+    # A finished job never runs twice: nothing leaves succeeded or cancelled.
+    for done in (JobState.SUCCEEDED, JobState.CANCELLED):
+        assert JOB_TRANSITIONS[done] == frozenset()
+
+    class Row:
+        state = JobState.SUCCEEDED
+    row = Row()
+    import pytest
+    with pytest.raises(TransitionError):
+        move_job(row, JobState.RECOVERING)
+    assert row.state is JobState.SUCCEEDED
+    assert move_job(row, JobState.SUCCEEDED) is False     # no change is not an error
+    row.state = JobState.RUNNING
+    assert move_job(row, JobState.RECOVERING) and row.state is JobState.RECOVERING
+
+    class Att:
+        state = AttemptState.ENDED
+    with pytest.raises(TransitionError):
+        move_attempt(Att(), AttemptState.RUNNING)

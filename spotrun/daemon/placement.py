@@ -28,9 +28,9 @@ import numpy as np
 from spotrun.daemon.context import DaemonContext
 from spotrun.db import Attempt, Job, add_event, attempts_of, session
 from spotrun.decide import Candidate
-from spotrun.decide.deadline import (DEFAULT_TICK_S, market_rows, policy_places, policy_target,
-                                     work_seconds)
-from spotrun.errors import ConfigError, SpotrunError
+from spotrun.decide.deadline import (DEFAULT_TICK_S, market_rows, policy_places, policy_step,
+                                     policy_target, work_seconds)
+from spotrun.errors import ConfigError
 from spotrun.policy import POLICIES, Decision, JobProgress, MarketHistory, Mode, Policy, \
     make_policy
 from spotrun.providers.base import Pool
@@ -231,11 +231,7 @@ class PolicyPlacer:
             elapsed_s=_ms((now - origin).total_seconds()), changeover_s=_ms(changeover_s),
             tick_s=self.tick_s, mode=here.mode, pool=here.pool, changeover_left_s=_ms(left_s))
         policy = self._policies.setdefault(job.id, make_policy(self.policy_name))
-        decision = policy.decide(progress, view)
-        if decision.mode is Mode.SPOT and (decision.pool not in pools
-                                           or not up[pools.index(decision.pool)]):
-            raise SpotrunError(f"policy {self.policy_name!r} chose unavailable pool "
-                               f"{decision.pool!r}", field="daemon.policy")
+        decision = policy_step(policy, progress, view, field="daemon.policy")
         if current is not None and current.instance_id is None:
             # A launch still being resolved (same client token next tick): do not move yet.
             return self._record(job, now, slot, decision, None, current, act=False)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from datetime import datetime
+from typing import Any
 
 import numpy as np
 
@@ -123,5 +124,21 @@ def first_decision(spec: JobSpec, ranked: list[Candidate], market: MarketSnapsho
     progress = JobProgress(work_total_s=round(work[0], 3), work_done_s=0.0,
                            time_left_s=round((deadline - now).total_seconds(), 3),
                            elapsed_s=0.0, changeover_s=round(change, 3), tick_s=tick_s)
-    decision = make_policy(policy_name).decide(progress, history.view(0))
+    decision = policy_step(make_policy(policy_name), progress, history.view(0))
     return decision, policy_target(decision, itype, mine)
+
+
+def policy_step(policy: Any, progress: JobProgress, view: Any, *, field: str = "policy"
+                ) -> Decision:
+    """The one place a deadline decision is taken, by the daemon's placer and the simulator.
+
+    The policy sees the job's progress and the market up to now; a spot decision must name a
+    pool that is available now (a policy that breaks this is a bug, reported as such).
+    """
+    d = policy.decide(progress, view)
+    if d.mode is Mode.SPOT:
+        pools = view.pools
+        if d.pool not in pools or not view.up_now()[pools.index(d.pool)]:
+            raise SpotrunError(f"policy {getattr(policy, 'name', policy)!r} chose unavailable "
+                               f"pool {d.pool!r}", field=field)
+    return d
