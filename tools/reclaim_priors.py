@@ -85,7 +85,8 @@ def alive_counts(path: Path) -> dict[str, tuple[float, int]]:
 
 def probe_counts(path: Path) -> dict[str, tuple[float, int]]:
     """Per zone: (hours available, available -> unavailable flips) from a launch-probe trace."""
-    return {z: (p.up_hours, p.reclaims) for z, p in zone_priors_from_trace(load_trace(path)).items()}
+    priors = zone_priors_from_trace(load_trace(path))
+    return {z: (p.up_hours, p.reclaims) for z, p in priors.items()}
 
 
 class _Flow(dict):
@@ -110,7 +111,8 @@ def derive(traces: Path) -> dict:
     parts: dict[str, dict[str, dict[str, tuple[float, int]]]] = {}   # family -> zone -> key
     traced: dict[str, str] = {}
     for key, src in SOURCES.items():
-        counts = (probe_counts if src["counting"] == "probe" else alive_counts)(traces / src["file"])
+        count = probe_counts if src["counting"] == "probe" else alive_counts
+        counts = count(traces / src["file"])
         fam = family_of(src["instance_type"])
         traced.setdefault(fam, src["instance_type"])
         for zone, hn in counts.items():

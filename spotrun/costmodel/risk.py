@@ -30,6 +30,7 @@ from spotrun.catalog import Catalog
 # A prior counts as this many pseudo-reclaims against the pool's own record: weak on purpose
 # (the traces are of another type, years old), so a pool's own reclaims take over after a few.
 # It is the weight the ranking gave the zone prior before (one reclaim in one mean stretch).
+# Keep it >= 1: mtbf_h divides by max(reclaims, 1).
 PRIOR_RECLAIMS = 1.0
 # The placement score moves the rate by at most this factor either way (score 1 / score 10).
 PLACEMENT_MAX_FACTOR = 2.0
@@ -43,7 +44,7 @@ class RiskPrior:
 
     up_hours: float          # pseudo-exposure: the weight of this prior against observed history
     reclaims: float          # pseudo-reclaims in up_hours (mtbf_h = up_hours / max(reclaims, 1))
-    source: str              # machine-readable: "trace" | "trace-nearest-family" | "default", +"+advisor", ...
+    source: str              # "trace" | "trace-nearest-family" | "default", then "+advisor"...
     detail: str              # one human line: which family, zone scope, files, factors
 
     @property
@@ -73,7 +74,7 @@ class RiskHint:
     advisor_range: tuple[float, float] | None = None   # monthly interrupted share [lo, hi), 0-1
     advisor_label: str = ""                            # the advisor's own label, e.g. "<5%"
     placement_score: int | None = None                 # 1-10 from get_spot_placement_scores
-    origin: str = ""                                   # e.g. "spot-advisor-data.json us-east-1 Linux"
+    origin: str = ""                                   # e.g. "spot advisor us-east-1 Linux"
 
     @property
     def advisor_mid(self) -> float | None:
