@@ -81,6 +81,14 @@ def test_a_failed_fetch_uses_the_stale_cache_else_nothing(advisor_server: Adviso
     advisor_server.status = 503
     clock.t += 120
     assert feed.load() == ADVISOR and advisor_server.requests == 2
+    clock.t += 599
+    assert feed.load() == ADVISOR and advisor_server.requests == 2    # no retry storm
+    clock.t += 2
+    advisor_server.status = 200
+    assert feed.load() == ADVISOR and advisor_server.requests == 3
+    clock.t += 30
+    assert feed.load() == ADVISOR and advisor_server.requests == 3    # fresh again
+    advisor_server.status = 503
     fresh = AdvisorFeed(advisor_server.url, cache_dir=tmp_path / "empty", clock=clock)
     risk = AwsRisk(call=_no_ec2, region="us-east-1", advisor=fresh, placement=False, clock=clock)
     assert risk.hints(["g6.xlarge"], ["us-east-1a"]) == {}

@@ -167,3 +167,12 @@ def test_observed_history_updates_the_prior() -> None:
     assert q.mtbf_h == pytest.approx((p.up_hours + 20.0) / (PRIOR_RECLAIMS + 4))
     assert q.source == "trace+observed" and "observed 4 reclaim(s) in 20.0 h" in q.detail
     assert p.updated(0.0, 0) is p
+
+
+def test_an_advisor_bucket_without_the_reference_type_is_not_used() -> None:
+    cat = load_catalog()
+    hints = {("g6.xlarge", "us-east-1a"): RiskHint(advisor_range=(0.0, 0.05), advisor_label="<5%")}
+    p = risk_model(cat, hints=hints).prior("g6.xlarge", "us-east-1a")
+    assert p.source == "trace-nearest-family"
+    assert p.mtbf_h == pytest.approx(risk_model(cat).prior("g6.xlarge", "us-east-1a").mtbf_h)
+    assert "no advisor bucket for p3.2xlarge" in p.detail

@@ -34,6 +34,9 @@ ADVISOR_OS = "Linux"
 # its midpoint stays near its neighbours' spacing instead of at 61%.
 OPEN_BUCKET_WIDTH = 0.10
 _CACHE_NAME = "spot-advisor-data.json"
+# After a failed fetch, wait this long before the next try (a daemon plans every few seconds;
+# an unreachable URL must not cost a timeout each time).
+RETRY_AFTER_S = 600.0
 
 
 class AdvisorFeed:
@@ -47,6 +50,9 @@ class AdvisorFeed:
         self.max_age_s = max_age_s
         self.clock = clock
         self.timeout_s = timeout_s
+        # The real file is ~1-2 MB: parse it once per process, not at every plan.
+        self._mem: tuple[dict[str, Any], float] | None = None
+        self._failed_at: float | None = None
 
     @property
     def _body(self) -> Path:
@@ -58,15 +64,22 @@ class AdvisorFeed:
 
     def load(self) -> dict[str, Any] | None:
         """The parsed file: a fresh cache, else a fetch, else the stale cache, else None."""
+        if self._mem is not None and self.clock() - self._mem[1] < self.max_age_s:
+            return self._mem[0]
         cached, fetched_at = self._read_cache()
         if cached is not None and self.clock() - fetched_at < self.max_age_s:
+            self._mem = (cached, fetched_at)
+            return cached
+        if self._failed_at is not None and self.clock() - self._failed_at < RETRY_AFTER_S:
             return cached
         try:
             data = self._fetch()
         except Exception as exc:  # noqa: BLE001 - any network/format failure: fall back
+            self._failed_at = self.clock()
             log.warning("spot advisor: cannot fetch %s (%s); %s", self.url, exc,
                         "using the stale cache" if cached is not None else "no advisor figures")
             return cached
+        self._failed_at = None
         return data
 
     def _read_cache(self) -> tuple[dict[str, Any] | None, float]:
@@ -89,6 +102,7 @@ class AdvisorFeed:
         _atomic_write(self._body, body)
         meta = {"url": self.url, "fetched_at": self.clock()}
         _atomic_write(self._meta, json.dumps(meta).encode())
+        self._mem = (data, meta["fetched_at"])
         return data
 
 
