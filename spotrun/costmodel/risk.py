@@ -113,7 +113,7 @@ def traced_types(data: dict[str, Any] | None = None) -> list[str]:
 class _Pool:
     up_hours: float
     reclaims: int
-    scope: str          # "in us-east-1f", "in us-east-1 (no trace of us-east-1b)", ...
+    scope: str          # "in us-east-1f", "in us-east-1 pooled (...; no trace of us-east-1b)"
     files: str
 
 
