@@ -83,6 +83,10 @@ class AwsSettings:
     retry_max_s: float = 20.0              # longest single back-off
     capacity_cooldown_s: float = 600.0     # skip a pool this long after a capacity error
     imds_endpoint: str = "http://169.254.169.254"   # what agents poll for notices
+    # Reclaim risk (docs/cost-model.md "Reclaim risk per pool"); "" = no advisor file.
+    spot_advisor_url: str = "https://spot-bid-advisor.s3.amazonaws.com/spot-advisor-data.json"
+    spot_advisor_max_age_s: float = 86400.0   # refetch the cached advisor file after this
+    placement_scores: bool = True             # ask ec2 get_spot_placement_scores per type
 
 
 @dataclass(frozen=True)

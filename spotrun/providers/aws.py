@@ -21,6 +21,7 @@ from spotrun.catalog import Catalog, load_catalog
 from spotrun.errors import CapacityError, ConfigError, ProviderError
 from spotrun.providers.aws_launch import TAG_TOKEN, LaunchConfig, build_calls
 from spotrun.providers.aws_prices import SpotPrices
+from spotrun.providers.aws_risk import AdvisorFeed, AwsRisk
 from spotrun.providers.base import (TAG_JOB, TAG_MANAGED, InstanceInfo, LaunchPlan,
                                     LaunchRequest, PricePoint)
 from spotrun.states import InstanceState, Market, TerminationCause
@@ -64,7 +65,8 @@ class AwsProvider:
     def __init__(self, *, ec2: Any, launch: LaunchConfig, region: str = "us-east-1",
                  catalog: Catalog | None = None, retry: RetryPolicy | None = None,
                  clock: Callable[[], datetime] = _utcnow,
-                 capacity_cooldown_s: float = 600.0) -> None:
+                 capacity_cooldown_s: float = 600.0, advisor: AdvisorFeed | None = None,
+                 placement_scores: bool = True) -> None:
         self.ec2 = ec2
         self.cfg = launch
         self.region = region
@@ -76,6 +78,8 @@ class AwsProvider:
         self.capacity_failures: list[CapacityFailure] = []
         self._zones: list[str] | None = sorted(launch.subnets) or None
         self._first_seen_ended: dict[str, datetime] = {}
+        self.risk = AwsRisk(call=self._call, region=region, advisor=advisor,
+                            placement=placement_scores, clock=lambda: self.clock().timestamp())
 
     @classmethod
     def from_settings(cls, settings: Any, *, ec2: Any = None,
@@ -83,9 +87,14 @@ class AwsProvider:
         """Build from Settings (region, aws.*); ec2 and clock may be injected."""
         aws = settings.aws
         client = ec2 or make_client("ec2", region=settings.region, endpoint_url=aws.endpoint_url)
+        clock = clock or _utcnow
+        advisor = AdvisorFeed(aws.spot_advisor_url, cache_dir=settings.home_path / "cache",
+                              max_age_s=aws.spot_advisor_max_age_s,
+                              clock=lambda: clock().timestamp()) if aws.spot_advisor_url else None
         return cls(ec2=client, launch=LaunchConfig.from_settings(aws), region=settings.region,
-                   retry=RetryPolicy.from_settings(aws), clock=clock or _utcnow,
-                   capacity_cooldown_s=aws.capacity_cooldown_s)
+                   retry=RetryPolicy.from_settings(aws), clock=clock,
+                   capacity_cooldown_s=aws.capacity_cooldown_s, advisor=advisor,
+                   placement_scores=aws.placement_scores)
 
     def _call(self, method: str, **kw: Any) -> Any:
         return call(self.retry, getattr(self.ec2, method), **kw)
@@ -107,6 +116,14 @@ class AwsProvider:
     def spot_price(self, instance_type: str, zone: str) -> float | None:
         """The spot price in effect now (cached a few minutes)."""
         return self.prices.current(instance_type, zone)
+
+    def risk_hints(self, instance_types: list[str], zones: list[str]) -> dict[tuple[str, str], Any]:
+        """RiskHints per (type, zone): advisor bucket, placement score; {} on any error (logged)."""
+        try:
+            return self.risk.hints(instance_types, zones)
+        except Exception as exc:  # noqa: BLE001 - risk evidence is optional, a plan is not
+            log.warning("risk hints unavailable: %s", exc)
+            return {}
 
     def on_demand_price(self, instance_type: str) -> float:
         """Catalog on-demand USD/h in this region."""

@@ -110,6 +110,7 @@ def moto_settings(moto: MotoServer, ec2: Any, home: str,
         "aws.instance_profile_arn": "",
         "aws.spotrun_install": "spotrun==0.1.0", "aws.volume_size_gb": 50,
         "aws.retry_base_s": 0.001, "aws.retry_max_s": 0.01, "aws.retry_attempts": 4,
+        "aws.spot_advisor_url": "",   # tests reach only 127.0.0.1; risk tests serve one there
         **(overrides or {})})
 
 

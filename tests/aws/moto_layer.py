@@ -5,7 +5,8 @@
   CreateFleet drops those overrides and reports them in `errorSet`, as an instant fleet does;
 - ClientToken idempotency: a repeated token returns the first response, a token reused
   with other parameters answers IdempotentParameterMismatch (moto ignores tokens);
-- DescribeSpotPriceHistory answers from injected change points (moto's is a constant).
+- DescribeSpotPriceHistory answers from injected change points (moto's is a constant);
+- GetSpotPlacementScores (moto lacks it) answers from injected scores per type and zone id.
 """
 
 from __future__ import annotations
@@ -55,6 +56,7 @@ class LayerState:
     no_capacity: dict[tuple[str, str], str] = field(default_factory=dict)
     tokens: dict[tuple[str, str], tuple[str, int, list, bytes]] = field(default_factory=dict)
     prices: list[tuple[str, str, datetime, float]] = field(default_factory=list)
+    placement: list[tuple[str, str, str, int]] = field(default_factory=list)
     calls: list[Call] = field(default_factory=list)
 
 
@@ -93,6 +95,11 @@ class FaultLayer:
         with self.lock:
             self.state.prices = list(points)
 
+    def set_placement_scores(self, scores: list[tuple[str, str, str, int]]) -> None:
+        """Scores (type, region, availability zone id, 1-10) GetSpotPlacementScores serves."""
+        with self.lock:
+            self.state.placement = list(scores)
+
     def calls(self, action: str | None = None) -> list[Call]:
         """Requests seen (of one action)."""
         with self.lock:
@@ -117,6 +124,9 @@ class FaultLayer:
             return self._error(start_response, rule.status, rule.code, bool(params))
         if action == "DescribeSpotPriceHistory":
             return self._prices(start_response, params)
+        if action == "GetSpotPlacementScores":
+            call.status = 200
+            return self._placement_scores(start_response, params, call)
         if action == "RunInstances":
             zone = self._zone(params, "Placement.AvailabilityZone", "SubnetId")
             code = self.state.no_capacity.get((params.get("InstanceType", ""), zone))
@@ -281,6 +291,42 @@ class FaultLayer:
                + b"</requestId><spotPriceHistorySet>" + items + b"</spotPriceHistorySet>"
                + b"<nextToken>" + next_token.encode() + b"</nextToken>"
                + b"</DescribeSpotPriceHistoryResponse>")
+        start_response("200 OK", [("Content-Type", "text/xml"),
+                                   ("Content-Length", str(len(out)))])
+        return [out]
+
+    def _placement_scores(self, start_response, params, call):
+        """As AWS: one score per zone (or region) for the request's types taken together."""
+        if not params.get("TargetCapacity"):
+            call.status = 400
+            return self._error(start_response, 400, "MissingParameter", True)
+        types = {v for k, v in params.items() if k.startswith("InstanceType.")}
+        regions = {v for k, v in params.items() if k.startswith("RegionName.")}
+        single = params.get("SingleAvailabilityZone", "false").lower() == "true"
+        with self.lock:
+            configured = list(self.state.placement)
+        best: dict[tuple[str, str], int] = {}
+        for itype, region, az_id, score in configured:
+            if itype not in types or (regions and region not in regions):
+                continue
+            # A fleet of several types may use any of them: the best type's score counts.
+            key = (region, az_id if single else "")
+            best[key] = max(best.get(key, 0), score)
+        rows = sorted(best.items())
+        offset = int(params.get("NextToken") or 0)
+        limit = int(params.get("MaxResults") or 1000)
+        page = rows[offset:offset + limit]
+        next_token = str(offset + limit) if offset + limit < len(rows) else ""
+        items = b"".join(
+            b"<item><region>%s</region>%s<score>%d</score></item>"
+            % (r.encode(), (b"<availabilityZoneId>%s</availabilityZoneId>" % z.encode()) if z
+               else b"", sc)
+            for (r, z), sc in page)
+        out = (b'<?xml version="1.0" encoding="UTF-8"?><GetSpotPlacementScoresResponse xmlns="'
+               + EC2_NS.encode() + b'"><requestId>' + str(uuid.uuid4()).encode()
+               + b"</requestId><spotPlacementScoreSet>" + items + b"</spotPlacementScoreSet>"
+               + b"<nextToken>" + next_token.encode() + b"</nextToken>"
+               + b"</GetSpotPlacementScoresResponse>")
         start_response("200 OK", [("Content-Type", "text/xml"),
                                    ("Content-Length", str(len(out)))])
         return [out]
