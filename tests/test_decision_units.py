@@ -115,3 +115,17 @@ def test_gpu_range_is_validated(home: Path, tmp_path: Path) -> None:
     for bad in ('"8-1"', '"0-4"', '"1-65"', '"a-b"', '"3"'):
         res = _run(home, "plan", str(_spec_file(tmp_path, "r", f"resources: {{gpus: {bad}}}\n")))
         assert res.exit_code == 2 and "resources.gpus" in res.output, (bad, res.output)
+
+
+def test_plan_json_says_where_each_reclaim_rate_came_from(home: Path, tmp_path: Path) -> None:
+    path = _spec_file(tmp_path, "risk", "resources: {instance_types: [p3.2xlarge, g6.xlarge], "
+                      "zones: [us-east-1a, us-east-1f]}\npolicy: {market: spot}\n")
+    rows = {(r["instance_type"], r["zone"]): r for r in _plan(home, path)["candidates"]}
+    p3a, p3f = rows[("p3.2xlarge", "us-east-1a")], rows[("p3.2xlarge", "us-east-1f")]
+    g6f = rows[("g6.xlarge", "us-east-1f")]
+    # Per zone from the traces: us-east-1a reclaims far more often than us-east-1f.
+    assert p3a["reclaims_per_hour"] > 2 * p3f["reclaims_per_hour"]
+    assert p3f["reclaims_per_hour_source"] == "trace"
+    # g6 has no trace of its own: the nearest traced family, and the plan says so.
+    assert g6f["reclaims_per_hour_source"] == "trace-nearest-family"
+    assert "p3" in g6f["reclaims_per_hour_detail"]

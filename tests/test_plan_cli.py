@@ -13,6 +13,7 @@ from spotrun.catalog import load_catalog
 from spotrun.cli import cli
 from spotrun.costmodel import CatalogPrices, NoHistory
 from decide_helpers import rank_candidates
+from spotrun.costmodel.risk import risk_model
 from spotrun.spec import load_spec_file
 from spotrun.zones import DEFAULT_AWS_ZONES
 
@@ -58,7 +59,7 @@ def test_json_has_the_issue_keys_and_the_models_numbers(home: Path, path: Path) 
     spec = load_spec_file(path, instance_types=cat.names(), zones=zones)
     plan = rank_candidates(spec, catalog=cat, zones=zones, prices=CatalogPrices(cat, "us-east-1"),
                            history=NoHistory(), region="us-east-1",
-                           now=datetime.now(timezone.utc))
+                           now=datetime.now(timezone.utc), risk=risk_model(cat))
     # Every ranked candidate is in the output, the launch order first.
     launch = [r for r in out["candidates"] if r["launch"]]
     assert out["candidates"][:len(launch)] == launch

@@ -86,6 +86,9 @@ def decide(spec: JobSpec, *, catalog: Catalog, market: MarketSnapshot, history: 
            steps_done: int = 0, risk: Any = None, exclude: set[str] | frozenset = frozenset()
            ) -> Placement:
     """The launch order for the job's next attempt, and why each other pool is not in it."""
+    if risk is None:
+        from spotrun.costmodel.risk import risk_model
+        risk = risk_model(catalog)
     ranking = rank(spec, catalog=catalog, market=market, history=history, hours_left=hours_left,
                    job_id=job_id, steps_done=steps_done, risk=risk)
     order = launch_order(ranking.candidates, spec, allow_on_demand=hours_left is not None,

@@ -54,8 +54,13 @@ def decide_for_cli(spec: JobSpec, settings: Settings, catalog: Catalog, market: 
     hist = history(settings)
     left = hours_left(spec.policy.deadline, datetime.now(timezone.utc))
     scale = facts_for(settings).time_scale(settings)
+    hints = {}
+    if provider is not None:
+        types = list(spec.resources.instance_types or catalog.names())
+        hints = provider.risk_hints(types, list(market.zones))
+    from spotrun.costmodel.risk import risk_model
     placed = decide(spec, catalog=catalog, market=market, history=hist, hours_left=left,
-                    time_scale=scale)
+                    time_scale=scale, risk=risk_model(catalog, hints=hints))
     if refuse:
         err = refusal(spec, placed.ranking, catalog=catalog, market=market, history=hist,
                       hours_left=left)

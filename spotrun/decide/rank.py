@@ -48,7 +48,8 @@ class Candidate:
     restart_s: float = 0.0
     checkpoint_cost_s: float = 0.0
     speed_source: str = "catalog"  # catalog | measured
-    reclaims_source: str = "none"  # where the reclaim rate came from
+    reclaims_source: str = "none"  # where the reclaim rate came from (tags, e.g. trace+observed)
+    reclaims_detail: str = ""      # one human line: which family, zone, files, observations
     misses_deadline: bool = False
 
     @property
@@ -75,6 +76,7 @@ class Candidate:
                 "expected_preemptions": r(self.expected_preemptions, 2),
                 "reclaims_per_hour": r(self.reclaims_per_hour, 4),
                 "reclaims_per_hour_source": self.reclaims_source,
+                "reclaims_per_hour_detail": self.reclaims_detail,
                 "checkpoint_interval_s": r(self.checkpoint_interval_s, 1),
                 "misses_deadline": self.misses_deadline}
 
@@ -240,17 +242,18 @@ def _candidate(t: InstanceType, zone: str, market: Market, price: float, speedup
                job: JobStats, hours_left: float | None) -> Candidate:
     restart_s = _restart_s(obs, type_restart, priors)
     ckpt_s = _checkpoint_cost_s(spec, gpus * nodes, job, priors)
-    source = "none"
+    source, detail = "none", "on-demand: not reclaimed"
     if market is Market.SPOT:
-        prior_up, prior_n, source = _risk_prior(risk, priors, t.name, zone)
+        prior_up, prior_n, source, detail = _risk_prior(risk, priors, t.name, zone)
         n = obs.reclaims if obs else 0.0
         h = obs.run_hours if obs else 0.0
         # The prior counts as its pseudo-reclaims over its pseudo-hours (a Gamma prior, at most
         # one pseudo-reclaim's weight): the pool's own record takes over after a few reclaims.
         weight = min(1.0, 1.0 / max(prior_n, 1e-9))
         mtbf_h: float | None = (h + prior_up * weight) / (n + prior_n * weight)
-        if n:
-            source = f"observed ({n:g} reclaims in {h:.1f} h) + {source}"
+        if n or h:
+            source += "+observed"
+            detail += f"; observed {n:g} reclaim(s) in {h:.1f} h on this pool"
         caught = obs.notices_caught if obs else 0.0
         notice = (caught + 2.0 * priors.notice_caught) / (n + 2.0)
         # A job of N nodes is reclaimed when any of its nodes is.
@@ -271,16 +274,18 @@ def _candidate(t: InstanceType, zone: str, market: Market, price: float, speedup
                      mtbf_h=(mtbf_h * max(nodes, 1)) if mtbf_h is not None else None,
                      restart_s=restart_s, checkpoint_cost_s=ckpt_s,
                      speed_source="measured" if t.name in job.steps_per_s else "catalog",
-                     reclaims_source=source, misses_deadline=misses)
+                     reclaims_source=source, reclaims_detail=detail, misses_deadline=misses)
 
 
-def _risk_prior(risk: Any, priors: Priors, itype: str, zone: str) -> tuple[float, float, str]:
-    """(pseudo-hours, pseudo-reclaims, source) of a pool's reclaim prior."""
+def _risk_prior(risk: Any, priors: Priors, itype: str, zone: str
+                ) -> tuple[float, float, str, str]:
+    """(pseudo-hours, pseudo-reclaims, source, detail) of a pool's reclaim prior."""
     if risk is not None:
         p = risk.prior(itype, zone)
-        return float(p.up_hours), float(p.reclaims), str(p.source)
+        return float(p.up_hours), float(p.reclaims), str(p.source), str(p.detail)
     z = priors.zone(zone)
-    return z.up_hours, float(max(z.reclaims, 1)), "trace (p3.2xlarge zone prior)"
+    return (z.up_hours, float(max(z.reclaims, 1)), "zone-prior",
+            f"the catalog's zone prior for {zone} (every type)")
 
 
 def checkpoint_interval_s(spec: JobSpec, checkpoint_cost_s: float, mtbf_h: float | None,

@@ -153,3 +153,6 @@ class Provider(Protocol):
     def price_history(self, instance_type: str, zones: list[str], start: datetime,
                       end: datetime) -> list[PricePoint]:
         """Spot price change points in [start, end] (plus the one in effect at start)."""
+
+    def risk_hints(self, instance_types: list[str], zones: list[str]) -> dict[tuple[str, str], Any]:
+        """Live reclaim-risk evidence per (type, zone) (spotrun.costmodel.risk.RiskHint); {} if none."""

@@ -176,6 +176,10 @@ class LocalProvider:
                          r["spot_price_usd_per_hour"], r["on_demand_price_usd_per_hour"])
                 for r in raws]
 
+    def risk_hints(self, instance_types: list[str], zones: list[str]) -> dict[tuple[str, str], Any]:
+        """None: the local market's reclaims come from its trace, which the priors already use."""
+        return {}
+
     def decision_grid(self) -> tuple[float, float]:
         """(origin, tick) in market seconds: the replayed trace's row boundaries."""
         info = self._call(lambda c: c.time())

@@ -32,7 +32,8 @@ def _home(tmp_path: Path, endpoint: str, monkeypatch) -> Path:
     home = tmp_path / "home"
     home.mkdir()
     (home / "spotrun.toml").write_text(
-        f'provider = "aws"\n[aws]\nendpoint_url = "{endpoint}"\nretry_attempts = 1\n')
+        f'provider = "aws"\n[aws]\nendpoint_url = "{endpoint}"\nretry_attempts = 1\n'
+        'spot_advisor_url = ""\n')
     monkeypatch.setenv("SPOTRUN_HOME", str(home))
     monkeypatch.delenv("SPOTRUN_DB_URL", raising=False)
     return home

@@ -49,7 +49,7 @@ def _toml(settings: Any) -> str:
     return (f'provider = "aws"\n[aws]\nendpoint_url = "{a.endpoint_url}"\nami_id = "{a.ami_id}"\n'
             f"subnets = [{subnets}]\nsecurity_group_ids = [{sgs}]\n"
             f'spotrun_install = "{a.spotrun_install}"\nretry_base_s = 0.001\n'
-            "retry_max_s = 0.01\nretry_attempts = 4\n")
+            "retry_max_s = 0.01\nretry_attempts = 4\nspot_advisor_url = \"\"\n")
 
 
 def _spotrun_instances(ec2: Any, job_id: str) -> list[dict]:

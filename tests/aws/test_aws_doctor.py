@@ -16,7 +16,8 @@ def _write_toml(home, settings, **over):
     aws = settings.aws
     vals = {"ami_id": aws.ami_id, "subnets": list(aws.subnets),
             "security_group_ids": list(aws.security_group_ids),
-            "instance_profile_arn": aws.instance_profile_arn, "endpoint_url": aws.endpoint_url}
+            "instance_profile_arn": aws.instance_profile_arn, "endpoint_url": aws.endpoint_url,
+            "spot_advisor_url": ""}
     vals.update(over)
     lines = ['provider = "aws"', f'store_uri = "{over.pop("store", "s3://doctor-bkt/spotrun")}"',
              "[aws]"]
