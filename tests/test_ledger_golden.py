@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from spotrun.daemon.spend import SpendLoop
-from spotrun.ledger.rules import AWS_RULES, BILLING_RULES, PriceSource, SpendKind, rules_for
+from spotrun.ledger.rules import AWS_RULES, PriceSource, SpendKind, rules_for
 from spotrun.errors import ConfigError
 from spotrun.states import EndReason, Market
 
@@ -163,7 +163,8 @@ def test_volume_line(tmp_path):
 
 
 def test_rules_are_data_per_provider():
-    assert set(BILLING_RULES) >= {"aws", "local"}
+    from spotrun.providers.facts import FACTS
+    assert all(f.billing_rules() is not None for f in FACTS.values())
     assert rules_for("local").minimum_s == AWS_RULES.minimum_s == 60
     with pytest.raises(ConfigError) as ei:
         rules_for("gcp")

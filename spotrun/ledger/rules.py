@@ -81,17 +81,12 @@ class BillingRules:
 
 AWS_RULES = BillingRules(provider="aws")
 
-# The local market imitates AWS, so its bill follows the same rules.
-BILLING_RULES: dict[str, BillingRules] = {
-    "aws": AWS_RULES,
-    "local": replace(AWS_RULES, provider="local"),
-}
-
-
 def rules_for(provider: str) -> BillingRules:
-    """The billing rules of a provider by name; ConfigError if none are known."""
-    try:
-        return BILLING_RULES[provider]
-    except KeyError:
+    """The billing rules a provider declares (spotrun.providers.facts); ConfigError if none."""
+    from spotrun.providers.facts import FACTS
+    facts = FACTS.get(provider)
+    rules = facts.billing_rules() if facts is not None else None
+    if rules is None:
         raise ConfigError(f"no billing rules for provider {provider!r}; allowed: "
-                          f"{', '.join(BILLING_RULES)}", field="provider", value=provider) from None
+                          f"{', '.join(FACTS)}", field="provider", value=provider)
+    return rules

@@ -32,6 +32,11 @@ class ProviderFacts:
     billed_volume_gb: Callable[[Any], float]          # disk billed per instance beside the GPU
     agent_extras: Callable[[Any], dict[str, Any]]     # provider-specific agent settings
     clock_name: str = "wall"                          # how the CLI labels the provider's clock
+    billing_rules: Callable[[], Any] = lambda: None   # spotrun.ledger.rules.BillingRules
+    # What the cloud itself bills (the audit's truth where a provider has one), or None.
+    market_truth: Callable[[Any], Any] = lambda st: None
+    doctor: Callable[[Any], list[Any]] | None = None  # cloud checks for `spotrun doctor`
+    bills_cost_explorer: bool = False                 # `audit --reconcile` can ask the cloud
 
 
 def local_trace_path(settings: Any) -> Path:
@@ -71,16 +76,40 @@ def _make_aws(settings: Any, **kw: Any) -> Any:
     return AwsProvider.from_settings(settings, **kw)
 
 
+def _aws_rules() -> Any:
+    from spotrun.ledger.rules import AWS_RULES
+    return AWS_RULES
+
+
+def _local_rules() -> Any:
+    # The local market imitates AWS, so its bill follows the same rules.
+    from dataclasses import replace
+    from spotrun.ledger.rules import AWS_RULES
+    return replace(AWS_RULES, provider="local")
+
+
+def _local_truth(settings: Any) -> Any:
+    from spotrun.audit.market_truth import LocalMarketTruth
+    return LocalMarketTruth.from_settings(settings)
+
+
+def _aws_doctor(settings: Any) -> list[Any]:
+    from spotrun.providers.aws_doctor import AwsDoctor  # boto3 only when asked for
+    return AwsDoctor(settings).run()
+
+
 FACTS: dict[str, ProviderFacts] = {
     "local": ProviderFacts(
         name="local", make=_make_local, known_zones=_local_zones,
         time_scale=lambda st: float(st.local.time_scale), billed_volume_gb=lambda st: 0.0,
-        agent_extras=lambda st: {}, clock_name="market"),
+        agent_extras=lambda st: {}, clock_name="market", billing_rules=_local_rules,
+        market_truth=_local_truth),
     "aws": ProviderFacts(
         name="aws", make=_make_aws, known_zones=_aws_zones, time_scale=lambda st: 1.0,
         billed_volume_gb=lambda st: float(st.aws.volume_size_gb),
         agent_extras=lambda st: ({"imds_endpoint": st.aws.imds_endpoint}
-                                 if st.aws.imds_endpoint else {})),
+                                 if st.aws.imds_endpoint else {}),
+        billing_rules=_aws_rules, doctor=_aws_doctor, bills_cost_explorer=True),
 }
 
 
