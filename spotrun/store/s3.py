@@ -3,17 +3,19 @@
 Every object carries its whole-object SHA256 in metadata (`x-amz-meta-sha256`) and is
 sent with S3's own SHA256 checksum (ChecksumAlgorithm) so AWS rejects a corrupted
 upload; reads recompute the SHA256 and raise ChecksumMismatch, because not every
-S3-compatible server (moto) checks. Large files go up in parts; an object appears
-only when its upload completes, so readers never see a part.
+S3-compatible server (moto) checks. Files go up through boto3's TransferManager:
+large ones in parallel parts (each with its own SHA256), and an object appears only when
+its upload completes, so readers never see a part; what was written is read back
+(size and recorded SHA256) before put_file returns.
 """
 
 from __future__ import annotations
 
-import base64
 import hashlib
 import os
+import threading
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 from urllib.parse import urlparse
 
 from spotrun.aws_clients import RetryPolicy, call, error_code, make_client
@@ -32,7 +34,8 @@ class S3Store:
 
     def __init__(self, bucket: str, prefix: str = "", *, client: Any = None,
                  retry: RetryPolicy | None = None, part_size: int = 64 * 1024 * 1024,
-                 multipart_threshold: int = 64 * 1024 * 1024, page_size: int = 1000) -> None:
+                 multipart_threshold: int = 64 * 1024 * 1024, page_size: int = 1000,
+                 max_concurrency: int = 8) -> None:
         if not bucket:
             raise ConfigError("s3 store needs a bucket", field="store_uri", value=bucket)
         self.bucket = bucket
@@ -43,6 +46,7 @@ class S3Store:
         self.part_size = max(MIN_PART_SIZE, part_size)
         self.multipart_threshold = multipart_threshold
         self.page_size = page_size
+        self.max_concurrency = max(1, max_concurrency)
         self.uri = f"s3://{bucket}/{self.prefix}" if self.prefix else f"s3://{bucket}"
 
     @classmethod
@@ -67,7 +71,8 @@ class S3Store:
             return self
         return S3Store(self.bucket, join_key(self.prefix, validate_key(prefix.strip("/"))),
                        client=self.client, retry=self.retry, part_size=self.part_size,
-                       multipart_threshold=self.multipart_threshold, page_size=self.page_size)
+                       multipart_threshold=self.multipart_threshold, page_size=self.page_size,
+                       max_concurrency=self.max_concurrency)
 
     # ------------------------------------------------------------ writes
 
@@ -103,57 +108,24 @@ class S3Store:
             raise _wrap(exc, key) from None
 
     def _put_file(self, key: str, full: str, src: Path, progress: ProgressFn | None) -> str:
+        from boto3.s3.transfer import TransferConfig
         total = src.stat().st_size
         digest = _file_sha(src)
-        if total < self.multipart_threshold:
-            with open(src, "rb") as f:
-                data = f.read()
-            if _sha(data) != digest:
-                raise ChecksumMismatch("file changed while uploading", field="path",
-                                       value=str(src))
-            self._call("put_object", Bucket=self.bucket, Key=full, Body=data,
-                       ChecksumAlgorithm="SHA256", Metadata={META_SHA: digest})
-            if progress:
-                progress(total, total)
-        else:
-            self._multipart(full, src, total, digest, progress)
+        config = TransferConfig(multipart_threshold=max(self.multipart_threshold, MIN_PART_SIZE),
+                                multipart_chunksize=self.part_size,
+                                max_concurrency=self.max_concurrency, use_threads=True)
+        # S3 checks each part's SHA256 (ChecksumAlgorithm) as it arrives; the whole-object
+        # SHA256 goes into metadata, and the read-back below compares it with the file.
+        self._call("upload_file", Filename=str(src),
+                   Bucket=self.bucket, Key=full,
+                   ExtraArgs={"ChecksumAlgorithm": "SHA256", "Metadata": {META_SHA: digest}},
+                   Config=config, Callback=_Progress(progress, total) if progress else None)
+        if _file_sha(src) != digest:
+            raise ChecksumMismatch("file changed while uploading", field="path", value=str(src))
         self._check_written(key, total, digest)
+        if progress and total == 0:
+            progress(0, 0)
         return digest
-
-    def _multipart(self, full: str, src: Path, total: int, digest: str,
-                   progress: ProgressFn | None) -> None:
-        up = self._call("create_multipart_upload", Bucket=self.bucket, Key=full,
-                        ChecksumAlgorithm="SHA256", Metadata={META_SHA: digest})
-        upload_id = up["UploadId"]
-        parts: list[dict[str, Any]] = []
-        done = 0
-        try:
-            with open(src, "rb") as f:
-                number = 1
-                while True:
-                    chunk = f.read(self.part_size)
-                    if not chunk:
-                        break
-                    resp = self._call("upload_part", Bucket=self.bucket, Key=full,
-                                      UploadId=upload_id, PartNumber=number, Body=chunk,
-                                      ChecksumAlgorithm="SHA256")
-                    parts.append({"PartNumber": number, "ETag": resp["ETag"],
-                                  "ChecksumSHA256": resp.get("ChecksumSHA256")
-                                  or base64.b64encode(hashlib.sha256(chunk).digest()).decode()})
-                    done += len(chunk)
-                    number += 1
-                    if progress:
-                        progress(done, total)
-            self._call("complete_multipart_upload", Bucket=self.bucket, Key=full,
-                       UploadId=upload_id, MultipartUpload={"Parts": parts})
-        except BaseException:
-            # An abandoned upload keeps billing its parts until aborted.
-            try:
-                self.client.abort_multipart_upload(Bucket=self.bucket, Key=full,
-                                                   UploadId=upload_id)
-            except Exception:  # noqa: BLE001 - the original error matters more
-                pass
-            raise
 
     def _check_written(self, key: str, size: int, digest: str) -> None:
         head = self._head(key)
@@ -220,21 +192,17 @@ class S3Store:
         out.sort(key=lambda o: o.key)
         return out
 
-    def _iter_objects(self, full_prefix: str) -> Iterator[dict[str, Any]]:
-        token: str | None = None
-        while True:
-            kw: dict[str, Any] = {"Bucket": self.bucket, "Prefix": full_prefix,
-                                  "MaxKeys": self.page_size}
-            if token:
-                kw["ContinuationToken"] = token
-            try:
-                page = self._call("list_objects_v2", **kw)
-            except Exception as exc:
-                raise _wrap(exc, full_prefix) from None
-            yield from page.get("Contents", [])
-            if not page.get("IsTruncated"):
-                return
-            token = page["NextContinuationToken"]
+    def _iter_objects(self, full_prefix: str) -> list[dict[str, Any]]:
+        def every_page() -> list[dict[str, Any]]:
+            pages = self.client.get_paginator("list_objects_v2").paginate(
+                Bucket=self.bucket, Prefix=full_prefix,
+                PaginationConfig={"PageSize": self.page_size})
+            return [o for page in pages for o in page.get("Contents", [])]
+        try:
+            # A throttled page restarts the listing: a listing is a snapshot, not a stream.
+            return call(self.retry, every_page)
+        except Exception as exc:
+            raise _wrap(exc, full_prefix) from None
 
     def delete(self, key: str) -> None:
         """DELETE (S3 answers 204 for a missing key too)."""
@@ -244,6 +212,21 @@ class S3Store:
             if error_code(exc) in _NOT_FOUND:
                 return
             raise _wrap(exc, key) from None
+
+
+class _Progress:
+    """TransferManager's byte callbacks (from several threads) as (done, total) calls."""
+
+    def __init__(self, progress: ProgressFn, total: int) -> None:
+        self.progress = progress
+        self.total = total
+        self.done = 0
+        self.lock = threading.Lock()
+
+    def __call__(self, nbytes: int) -> None:
+        with self.lock:   # one at a time, so the caller sees done only grow
+            self.done += nbytes
+            self.progress(min(self.done, self.total), self.total)
 
 
 def _sha(data: bytes) -> str:
