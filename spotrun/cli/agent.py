@@ -2,38 +2,18 @@
 
 from __future__ import annotations
 
-import json
-import logging
 import sys
-from datetime import datetime, timezone
 from pathlib import Path
 
 import click
-import structlog
 
 from spotrun.errors import ConfigError
 
 
-class _JsonFormatter(logging.Formatter):
-    """stdlib log records (e.g. from spotrun.checkpoints) as JSON lines like structlog's."""
-
-    def format(self, record: logging.LogRecord) -> str:
-        return json.dumps({"event": record.getMessage(), "level": record.levelname.lower(),
-                           "logger": record.name,
-                           "timestamp": datetime.now(timezone.utc).isoformat()}, sort_keys=True)
-
-
 def configure_logging() -> None:
-    """structlog JSON lines on stderr (the instance's console log)."""
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(_JsonFormatter())
-    logging.basicConfig(level=logging.INFO, handlers=[handler], force=True)
-    structlog.configure(
-        processors=[structlog.processors.add_log_level,
-                    structlog.processors.TimeStamper(fmt="iso", utc=True),
-                    structlog.processors.JSONRenderer(sort_keys=True)],
-        logger_factory=structlog.PrintLoggerFactory(sys.stderr),
-        cache_logger_on_first_use=True)
+    """JSON lines on stderr (the instance's console log), stdlib records included."""
+    from spotrun.logsetup import configure_logging as setup
+    setup(json=True, stream=sys.stderr)
 
 
 @click.command(name="agent")

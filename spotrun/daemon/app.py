@@ -6,8 +6,6 @@ import logging
 import sys
 from typing import Any
 
-import structlog
-
 from spotrun.config import Settings
 from spotrun.daemon.context import Clock, DaemonContext, SystemClock
 from spotrun.daemon.heartbeats import HeartbeatLoop, LivenessLoop
@@ -29,15 +27,9 @@ STOP_WALL_S = 3.0   # wall seconds from a budget stop request to the instance go
 
 
 def configure_logging(level: int = logging.INFO, stream: Any = None) -> None:
-    """structlog JSON lines on stdout (journald picks them up)."""
-    structlog.configure(
-        processors=[structlog.processors.add_log_level,
-                    structlog.processors.TimeStamper(fmt="iso", utc=True),
-                    structlog.processors.format_exc_info,
-                    structlog.processors.JSONRenderer()],
-        wrapper_class=structlog.make_filtering_bound_logger(level),
-        logger_factory=structlog.PrintLoggerFactory(file=stream or sys.stdout),
-        cache_logger_on_first_use=False)
+    """The daemon's log: JSON lines on stderr (journald picks them up), stdlib records too."""
+    from spotrun.logsetup import configure_logging as setup
+    setup(json=True, level=level, stream=stream or sys.stderr)
 
 
 def build_context(settings: Settings, *, provider: Provider | None = None,

@@ -65,8 +65,10 @@ class Runner:
 
     def start(self) -> None:
         """Start the loops in the background."""
-        # A slot skipped because the previous tick still runs is by design, not a warning.
+        # A slot skipped because the previous tick still runs is by design (scheduler: errors
+        # only); a missed run time is worth a line, as JSON in the daemon's log.
         logging.getLogger("apscheduler.scheduler").setLevel(logging.ERROR)
+        logging.getLogger("apscheduler.executors.default").setLevel(logging.WARNING)
         sched = BackgroundScheduler(executors={"default": ThreadPoolExecutor(max_workers=1)},
                                     job_defaults={"coalesce": True, "max_instances": 1,
                                                   "misfire_grace_time": 1})
