@@ -3,7 +3,8 @@
 Everything is built here from a config and seeded random tokens: no download.
 WORKLOAD_GATE_STEP=N makes the evaluation after step N wait (up to a minute) until the
 interruption notice has arrived, so a notice lands during evaluation; WORKLOAD_TRAIN_GATE_STEP=N
-does the same after training step N (the notice then lands between steps).
+does the same after training step N (the notice then lands between steps). 'A:N' limits a
+gate to attempt A (SPOTRUN_ATTEMPT).
 """
 import argparse
 import hashlib
@@ -40,23 +41,42 @@ class Gate(TrainerCallback):
 
     def __init__(self, spot):
         self.spot = spot
-        self.eval_gate = int(os.environ.get("WORKLOAD_GATE_STEP") or 0)
-        self.train_gate = int(os.environ.get("WORKLOAD_TRAIN_GATE_STEP") or 0)
+        self.eval_gate = self._gate("WORKLOAD_GATE_STEP")
+        self.train_gate = self._gate("WORKLOAD_TRAIN_GATE_STEP")
+
+    @staticmethod
+    def _gate(name):
+        """'N' (step N), or 'A:N' (step N in attempt A only)."""
+        raw = os.environ.get(name) or "0"
+        attempt, _, step = raw.rpartition(":")
+        if attempt and attempt != os.environ.get("SPOTRUN_ATTEMPT"):
+            return 0
+        return int(step)
 
     def _hold(self, state, marker):
         if self.spot.emergency_steps:
             return
+        self.held = True
         self.spot.progress.step(state.global_step, force=True)
         Path(marker).write_text(str(state.global_step))
         deadline = time.monotonic() + 60
         while not self.spot.notice.pending and time.monotonic() < deadline:
             time.sleep(0.01)
 
+    def _tail(self):
+        # After the emergency save the job would go on until the reclaim; here it waits for it.
+        if getattr(self, "held", False) and self.spot.emergency_steps:
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline:
+                time.sleep(0.05)
+
     def on_prediction_step(self, args, state, control, **kw):
+        self._tail()
         if self.eval_gate and state.global_step == self.eval_gate:
             self._hold(state, "gate-eval")
 
     def on_step_end(self, args, state, control, **kw):
+        self._tail()
         if self.train_gate and state.global_step == self.train_gate:
             self._hold(state, "gate-train")
 
