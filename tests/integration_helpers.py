@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -61,12 +62,21 @@ def steps_in_store(uri: str, kind: str) -> list[int]:
             if read_manifest(store, n).extra.get("kind") == kind]
 
 
-def notice_and_kill(proc: subprocess.Popen, cwd: Path, marker: str, uri: str, kind: str) -> int:
-    """Once the workload shows marker, SIGUSR1 it, wait for a new checkpoint, SIGKILL it; its step."""
+def emergency_step(progress: Path) -> int | None:
+    """emergency_checkpoint_step in a progress file (what the agent watches)."""
+    try:
+        return json.loads(progress.read_text()).get("emergency_checkpoint_step")
+    except (FileNotFoundError, ValueError):
+        return None
+
+
+def notice_and_kill(proc: subprocess.Popen, cwd: Path, marker: str, uri: str, kind: str,
+                    progress: Path) -> int:
+    """Once the workload shows marker, SIGUSR1 it, wait for the emergency save, SIGKILL it; its step."""
     wait_for(lambda: (cwd / marker).exists() or proc.poll() is not None, 120, marker)
     assert proc.poll() is None, (cwd / "output.log").read_text()[-3000:]
-    before = set(steps_in_store(uri, kind))
     os.killpg(proc.pid, signal.SIGUSR1)
-    new = wait_for(lambda: set(steps_in_store(uri, kind)) - before, 60, "the emergency checkpoint")
+    step = wait_for(lambda: emergency_step(progress), 60, "the emergency checkpoint")
     kill(proc)
-    return max(new)
+    assert step in steps_in_store(uri, kind)
+    return step

@@ -30,13 +30,13 @@ def test_trainer_resumes_bitwise_after_notice_in_evaluation_and_in_training(tmp_
     # Attempt 1: the notice arrives while the evaluation after step 10 runs.
     a1 = tmp_path / "a1"
     step1 = notice_and_kill(start("hf_train.py", a1, env(1, WORKLOAD_GATE_STEP="10")), a1,
-                            "gate-eval", uri, KIND)
+                            "gate-eval", uri, KIND, tmp_path / "progress-1.json")
     assert step1 == 10     # the last finished step, saved without waiting for the evaluation
     assert "emergency checkpoint at step 10 during evaluation" in (a1 / "output.log").read_text()
     # Attempt 2 (a new machine: empty output_dir): the notice arrives between steps.
     a2 = tmp_path / "a2"
     step2 = notice_and_kill(start("hf_train.py", a2, env(2, WORKLOAD_TRAIN_GATE_STEP="17")), a2,
-                            "gate-train", uri, KIND)
+                            "gate-train", uri, KIND, tmp_path / "progress-2.json")
     assert step2 == 18     # saved at the next step end
     text2 = (a2 / "output.log").read_text()
     assert "start out/checkpoint-10" in text2 and "during train" in text2
