@@ -9,12 +9,22 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from polling import wait_for
 
 from spotrun.checkpoints import list_complete, read_manifest
 from spotrun.store import open_store
 
 WORKLOADS = Path(__file__).resolve().parent / "workloads"
+STARTED: list[subprocess.Popen] = []
+
+
+@pytest.fixture(autouse=True)
+def reap_workloads():
+    """Every workload a test started is gone when it ends (import this into the test module)."""
+    yield
+    while STARTED:
+        kill(STARTED.pop())
 
 
 def clean_env(**extra: str) -> dict[str, str]:
@@ -28,9 +38,12 @@ def start(script: str, cwd: Path, env: dict[str, str], *args: str) -> subprocess
     """Start tests/workloads/<script> in cwd, its output in cwd/output.log."""
     cwd.mkdir(parents=True, exist_ok=True)
     out = open(cwd / "output.log", "ab")
-    return subprocess.Popen([sys.executable, str(WORKLOADS / script), *args], cwd=cwd, env=env,
+    proc = subprocess.Popen([sys.executable, str(WORKLOADS / script), *args], cwd=cwd, env=env,
                             stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                             start_new_session=True)
+    out.close()
+    STARTED.append(proc)
+    return proc
 
 
 def finish(proc: subprocess.Popen, cwd: Path, timeout_s: float = 120.0) -> str:
@@ -43,8 +56,10 @@ def finish(proc: subprocess.Popen, cwd: Path, timeout_s: float = 120.0) -> str:
 
 def kill(proc: subprocess.Popen) -> None:
     """SIGKILL the workload's whole group (the instance vanishes)."""
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGKILL)
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)   # the group: leftovers of an exited leader too
+    except ProcessLookupError:
+        pass
     proc.wait(timeout=30)
 
 

@@ -13,7 +13,8 @@ import pytest
 
 pytest.importorskip("lightning")
 
-from integration_helpers import clean_env, final_sha, finish, notice_and_kill, start  # noqa: E402
+from integration_helpers import (  # noqa: E402
+    clean_env, final_sha, finish, notice_and_kill, start, reap_workloads)  # noqa: F401 (autouse fixture)
 
 pytestmark = pytest.mark.slow
 KIND = "lightning/1"

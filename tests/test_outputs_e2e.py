@@ -17,7 +17,7 @@ import pytest
 
 pytest.importorskip("transformers")
 
-from click.testing import CliRunner  # noqa: E402
+from click.testing import CliRunner  # noqa: E402,F401
 
 from spotrun.cli import cli  # noqa: E402
 from spotrun.config import load_settings  # noqa: E402
@@ -27,7 +27,8 @@ from spotrun.jobs import submit, validate_submission  # noqa: E402
 from spotrun.states import EndReason, JobState  # noqa: E402
 
 from conftest import kill_leftovers, write_trace  # noqa: E402
-from integration_helpers import WORKLOADS, clean_env, final_sha, finish, start  # noqa: E402
+from integration_helpers import (  # noqa: E402
+    WORKLOADS, clean_env, final_sha, finish, start, reap_workloads)  # noqa: F401 (autouse fixture)
 from test_e2e_local import TOML, finished, job_log, running_attempt  # noqa: E402
 
 pytestmark = pytest.mark.slow
