@@ -14,7 +14,7 @@ import pytest
 pytest.importorskip("transformers")
 
 from integration_helpers import (  # noqa: E402
-    clean_env, final_sha, finish, notice_and_kill, start, reap_workloads)  # noqa: F401 (autouse fixture)
+    clean_env, final_sha, finish, notice_and_kill, start, steps_in_store, reap_workloads)  # noqa: F401 (autouse fixture)
 
 pytestmark = pytest.mark.slow
 KIND = "hf-trainer/1"
@@ -46,3 +46,4 @@ def test_trainer_resumes_bitwise_after_notice_in_evaluation_and_in_training(tmp_
     text3 = finish(start("hf_train.py", a3, env(3)), a3)
     assert "start out/checkpoint-18" in text3
     assert final_sha(text3) == final_sha(ref)
+    assert 40 in steps_in_store(uri, KIND)   # training ends with its final state in the store

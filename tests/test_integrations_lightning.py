@@ -7,6 +7,8 @@ the daemon path is the same for every framework and is covered by tests/test_out
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -14,10 +16,18 @@ import pytest
 pytest.importorskip("lightning")
 
 from integration_helpers import (  # noqa: E402
-    clean_env, final_sha, finish, notice_and_kill, start, reap_workloads)  # noqa: F401 (autouse fixture)
+    clean_env, final_sha, finish, notice_and_kill, start, steps_in_store, reap_workloads)  # noqa: F401 (autouse fixture)
 
 pytestmark = pytest.mark.slow
 KIND = "lightning/1"
+SHA_OF_STATE_DICT = r'''
+import hashlib, sys, torch
+h = hashlib.sha256()
+for k, v in sorted(torch.load(sys.argv[1], weights_only=True).items()):
+    h.update(k.encode()); h.update(v.contiguous().numpy().tobytes())
+assert not [m for m in sys.modules if m.split(".")[0] in ("spotrun", "lightning")]
+print(h.hexdigest())
+'''
 
 
 def test_lightning_resumes_bitwise_after_notice_in_validation_and_in_training(tmp_path: Path):
@@ -42,3 +52,15 @@ def test_lightning_resumes_bitwise_after_notice_in_validation_and_in_training(tm
     text3 = finish(start("lightning_train.py", a3, env(3)), a3)
     assert "resume-ckpt-000000000018" in text3
     assert final_sha(text3) == final_sha(finish(ref_proc, tmp_path / "ref"))
+    assert 40 in steps_in_store(uri, KIND)   # training ends with its final state in the store
+    # The final checkpoint exports (`spotrun pull`'s export) to a state_dict torch alone reads.
+    from spotrun.checkpoints import latest_verified
+    from spotrun.integrations.export import export
+    from spotrun.store import open_store
+    store = open_store(uri)
+    assert export(store, latest_verified(store), tmp_path / "export")[0] == "model.pt"
+    read = subprocess.run([sys.executable, "-I", "-c", SHA_OF_STATE_DICT,
+                           str(tmp_path / "export" / "model.pt")],
+                          capture_output=True, text=True, timeout=120)
+    assert read.returncode == 0, read.stderr[-2000:]
+    assert read.stdout.strip() == final_sha(text3)

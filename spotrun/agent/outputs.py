@@ -9,6 +9,7 @@ which is what `spotrun pull` downloads. A file unchanged since this agent last s
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from pathlib import Path
@@ -94,7 +95,6 @@ class OutputUploader:
         index_key = layout.outputs_index_key(self.job_id)
         index: dict[str, Any] = {"files": {}}
         if self.store.exists(index_key):
-            import json
             try:
                 index = json.loads(self.store.get_bytes(index_key))
             except ValueError:
@@ -115,7 +115,6 @@ class OutputUploader:
             self.sent[rel] = (st.st_size, st.st_mtime_ns)
             uploaded += 1
         index.update(attempt=self.attempt, ts=iso(self.clock()), reason=reason)
-        import json
         self.store.put_bytes(index_key, json.dumps(index, sort_keys=True).encode())
         self.passes += 1
         log.info("outputs_uploaded", reason=reason, files=uploaded, listed=len(files))

@@ -8,6 +8,7 @@ both); the newest verified checkpoint is exported to `checkpoint/model.pt` (and
 from __future__ import annotations
 
 import hashlib
+import json
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -40,7 +41,6 @@ def _sha(path: Path) -> str:
 
 def pull_outputs(store: ObjectStore, job_id: str, dest: Path) -> list[dict[str, Any]]:
     """Download every file outputs.json lists into dest, SHA256-checked; what was written."""
-    import json
     key = layout.outputs_index_key(job_id)
     if not store.exists(key):
         return []

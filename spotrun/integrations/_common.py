@@ -10,11 +10,14 @@ as the resume point and the daemon reads the job's progress from it. The manifes
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import os
 import signal
+import tempfile
 import threading
 import time
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
@@ -200,9 +203,6 @@ class Progress:
         self._last = time.monotonic()
         if self.path is None:
             return
-        import json
-        import tempfile
-        from datetime import datetime, timezone
         body = dict(self.fields, ts=datetime.now(timezone.utc).isoformat())
         self.path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=".progress-", dir=self.path.parent)
