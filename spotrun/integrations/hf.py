@@ -49,6 +49,7 @@ class SpotrunCallback(TrainerCallback):
         self.emergency_steps: list[tuple[int, str]] = []   # (step, "train" | "evaluation")
         self._training = False
         self._last_save_t = time.monotonic()
+        self._save_t0: float | None = None   # when the step that Trainer is about to save ended
 
     def bind(self, trainer: Any) -> "SpotrunCallback":
         """Give the callback its Trainer (needed to save during an evaluation and at the end)."""
@@ -71,6 +72,9 @@ class SpotrunCallback(TrainerCallback):
             control.should_save = True
         elif self.interval_s and time.monotonic() - self._last_save_t >= self.interval_s:
             control.should_save = True
+        # The save stall reported is Trainer's write plus the upload (not an evaluation first).
+        self._save_t0 = (time.monotonic() if control.should_save and not control.should_evaluate
+                         else None)
         return control
 
     def on_prediction_step(self, args: Any, state: Any, control: Any, **kw: Any) -> Any:
@@ -79,6 +83,7 @@ class SpotrunCallback(TrainerCallback):
                 and state.global_step > 0 and self.uploaded_step != state.global_step):
             # Model, optimizer and scheduler are those after step global_step; the evaluation
             # only reads them, so this is the state Trainer would save after it.
+            self._save_t0 = time.monotonic()
             self.trainer._save_checkpoint(self.trainer.model, trial=None)
             self._after_save(args, state, where="evaluation")
             control.should_save = False   # this step is saved; Trainer need not save it again
@@ -93,6 +98,7 @@ class SpotrunCallback(TrainerCallback):
         """End of training: the store gets a checkpoint of the final state."""
         self._training = False
         if self.trainer is not None and self.uploaded_step != state.global_step:
+            self._save_t0 = time.monotonic()
             self.trainer._save_checkpoint(self.trainer.model, trial=None)
             self._after_save(args, state, where="end")
         self.progress.step(state.global_step, force=True)
@@ -102,7 +108,8 @@ class SpotrunCallback(TrainerCallback):
 
     def _after_save(self, args: Any, state: Any, *, where: str) -> None:
         step = int(state.global_step)
-        t0 = time.monotonic()
+        t0 = self._save_t0 if self._save_t0 is not None else time.monotonic()
+        self._save_t0 = None
         folder = Path(args.output_dir) / f"{PREFIX}-{step}"
         if self.store is not None and state.is_world_process_zero and folder.is_dir():
             upload_files(self.store, step, folder_files(folder), KIND,
@@ -113,9 +120,9 @@ class SpotrunCallback(TrainerCallback):
         if self.notice.pending and where != "end":
             emergency_s = self.notice.clear()
             self.emergency_steps.append((step, where))
-            log.warning("spotrun: emergency checkpoint at step %d during %s in %.2fs",
-                        step, where, emergency_s)
-            print(f"spotrun: emergency checkpoint at step {step} during {where}", flush=True)
+            # stdout: the agent ships it, so `spotrun logs` shows when the notice was honoured.
+            print(f"spotrun: emergency checkpoint at step {step} during {where} "
+                  f"({emergency_s:.2f}s after the notice)", flush=True)
         self.progress.saved(step, time.monotonic() - t0, emergency_s)
 
 

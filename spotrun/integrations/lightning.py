@@ -222,7 +222,9 @@ class SpotrunCallback(pl.Callback):
         if self.notice.pending and where != "end":
             emergency_s = self.notice.clear()
             self.emergency_steps.append((step, where))
-            print(f"spotrun: emergency checkpoint at step {step} during {where}", flush=True)
+            # stdout: the agent ships it, so `spotrun logs` shows when the notice was honoured.
+            print(f"spotrun: emergency checkpoint at step {step} during {where} "
+                  f"({emergency_s:.2f}s after the notice)", flush=True)
         self.progress.saved(step, time.monotonic() - t0, emergency_s)
         return path
 
