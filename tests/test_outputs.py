@@ -136,3 +136,24 @@ def test_checkpointer_checkpoint_exports_to_a_plain_state_dict(tmp_path: Path):
                          capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr[-2000:]
     assert res.stdout.strip() == h.hexdigest()
+
+
+def test_big_files_log_their_upload_progress(tmp_path: Path, monkeypatch, capsys):
+    import spotrun.agent.outputs as outputs
+    monkeypatch.setattr(outputs, "BIG_FILE_BYTES", 1)
+    job = tmp_path / "job"
+    job.mkdir()
+    (job / "model.bin").write_bytes(b"x" * 1000)
+    OutputUploader(FileStore(tmp_path / "store"), "j1", 1, job, ["model.bin"]).upload("exit")
+    out = capsys.readouterr()
+    assert "outputs_progress" in out.out + out.err and "bytes_total=1000" in out.out + out.err
+
+
+def test_pull_with_nothing_yet_exits_1_in_one_line(tmp_home: Path, tmp_path: Path):
+    from daemon_helpers import submit_job
+    spec = tmp_path / "job.yaml"
+    spec.write_text("name: nothing\ncommand: python x.py\npolicy: {market: spot}\n")
+    job_id = submit_job(tmp_home, spec)
+    out = CliRunner().invoke(cli, ["pull", job_id, "--to", str(tmp_path / "dest")])
+    assert out.exit_code == 1 and "nothing to pull yet" in out.output
+    assert "Traceback" not in out.output and len(out.output.strip().splitlines()) == 1
