@@ -60,6 +60,9 @@ class SpotrunCallback(TrainerCallback):
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> Any:
         """Start of training: report the step resumed from."""
+        if self.trainer is None:
+            log.warning("SpotrunCallback has no trainer (call resume_from_checkpoint(trainer) or "
+                        "cb.bind(trainer)): no save during evaluation or at the end")
         self._training = True
         self._last_save_t = time.monotonic()
         self.progress.step(state.global_step, force=True)
