@@ -52,3 +52,13 @@ def log_prefix(job_id: str, attempt: int) -> str:
 def default_checkpoint_prefix(job_id: str) -> str:
     """Checkpoints when the spec names no checkpoint.uri."""
     return f"jobs/{job_id}/checkpoints"
+
+
+def outputs_prefix(job_id: str) -> str:
+    """The job's outputs (spec `outputs`), `<relative path>` under it; the newest upload wins."""
+    return f"jobs/{job_id}/outputs"
+
+
+def outputs_index_key(job_id: str) -> str:
+    """Agent -> `spotrun pull`: {"attempt", "ts", "reason", "files": {path: {"size", "sha256"}}}."""
+    return f"jobs/{job_id}/outputs.json"

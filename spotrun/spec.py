@@ -101,6 +101,7 @@ class JobSpec:
     work: WorkSpec = field(default_factory=WorkSpec)
     checkpoint: CheckpointSpec = field(default_factory=CheckpointSpec)
     policy: PolicySpec = field(default_factory=PolicySpec)
+    outputs: tuple[str, ...] = ()   # paths/globs relative to the job's directory
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-able mapping that `spec_from_dict` reads back."""
@@ -108,6 +109,7 @@ class JobSpec:
         d["policy"]["market"] = self.policy.market.value
         d["resources"]["instance_types"] = list(self.resources.instance_types)
         d["resources"]["zones"] = list(self.resources.zones)
+        d["outputs"] = list(self.outputs)
         return d
 
 
@@ -133,7 +135,7 @@ def spec_from_dict(d: dict[str, Any]) -> JobSpec:
                    env=dict(d.get("env") or {}), secrets=dict(d.get("secrets") or {}),
                    resources=Resources(**r), model=ModelSpec(**d["model"]),
                    work=WorkSpec(**w), checkpoint=CheckpointSpec(**d["checkpoint"]),
-                   policy=PolicySpec(**p))
+                   policy=PolicySpec(**p), outputs=tuple(d.get("outputs") or ()))
 
 
 # ---------------------------------------------------------------- loading
@@ -167,7 +169,7 @@ def parse_spec(raw: Any, *, base_dir: Path, instance_types: Iterable[str], zones
     types = set(instance_types)
     zone_set = set(zones)
     top = _mapping(raw, "spec", {"name", "command", "workdir", "env", "secrets", "resources",
-                                 "model", "work", "checkpoint", "policy"})
+                                 "model", "work", "checkpoint", "policy", "outputs"})
     name = _req(top, "name", "spec")
     if not isinstance(name, str) or not NAME_RE.match(name):
         raise SpecError("must match ^[a-z0-9][a-z0-9-]{0,62}$ (lower-case letters, digits, '-')",
@@ -194,9 +196,10 @@ def parse_spec(raw: Any, *, base_dir: Path, instance_types: Iterable[str], zones
     work = _work(top.get("work"), types)
     checkpoint = _checkpoint(top.get("checkpoint"))
     policy = _policy(top.get("policy"), now)
+    outputs = _outputs(top.get("outputs"))
     return JobSpec(name=name, command=command, workdir=workdir, env=env, secrets=secrets,
                    resources=resources, model=model, work=work, checkpoint=checkpoint,
-                   policy=policy)
+                   policy=policy, outputs=outputs)
 
 
 # ---------------------------------------------------------------- sections
@@ -407,6 +410,16 @@ def _str_list(raw: Any, path: str) -> list[str]:
     if not isinstance(raw, list) or not all(isinstance(x, str) and x for x in raw):
         raise SpecError("allowed: a list of strings", field=path, value=raw)
     return list(raw)
+
+
+def _outputs(raw: Any) -> tuple[str, ...]:
+    paths = _str_list(raw, "outputs")
+    for i, v in enumerate(paths):
+        parts = v.replace("\\", "/").split("/")
+        if v.startswith(("/", "~")) or ".." in parts:
+            raise SpecError("allowed: paths or globs relative to the job's directory, no '..'",
+                            field=f"outputs[{i}]", value=v)
+    return tuple(paths)
 
 
 def _str_map(raw: Any, path: str, key_re: re.Pattern[str], val_re: re.Pattern[str] | None

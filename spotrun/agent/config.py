@@ -36,6 +36,7 @@ class AgentConfig:
     imds_token_ttl_s: int = 21600         # IMDSv2 session token lifetime asked for
     control_poll_interval_s: float = 2.0  # wall seconds between control.json / alive.json reads
     stop_grace_s: float = 10.0            # wall seconds between SIGTERM and SIGKILL of the job
+    outputs: list[str] = field(default_factory=list)   # spec `outputs`: paths/globs in the job dir
 
     def to_json(self) -> str:
         """Serialise for user data."""

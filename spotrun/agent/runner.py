@@ -23,6 +23,7 @@ from spotrun.agent.config import AgentConfig
 from spotrun.agent.deadman import DeadmanSwitch
 from spotrun.agent.imds import ImdsClient, endpoint_for
 from spotrun.agent.logship import LogShipper
+from spotrun.agent.outputs import OutputUploader
 from spotrun.agent.notice import NoticeWatcher, notice_poll_interval_wall_s
 from spotrun.agent.progress import ProgressReader
 from spotrun.agent.setup import AgentPaths, prepare
@@ -68,6 +69,7 @@ class Agent:
         self._notice_baseline: Any = None
         self._rebalance: str | None = None
         self._beat_now = False
+        self.outputs: OutputUploader | None = None
 
     # ------------------------------------------------------------ reports
 
@@ -108,6 +110,8 @@ class Agent:
                             "emergency_checkpoint_step": None, "emergency_save_s": None}
             self.reporter.put_json(self._key(layout.notice_key), dict(self._notice))
         self._beat_now = True
+        if self.outputs is not None:
+            self.outputs.start("notice")   # what exists now, before the instance goes
         log.warning("interruption_notice", action=info.get("action"), time=info.get("time"),
                     signalled=signalled)
 
@@ -211,6 +215,10 @@ class Agent:
                           log_path=self.paths.log_path)
         del env, prepared
         log.info("command_started", pid=self.proc.pid)
+        if self.config.outputs:
+            self.outputs = OutputUploader(self.store, self.config.job_id, self.config.attempt,
+                                          self.paths.job_dir, self.config.outputs,
+                                          clock=self.clock.time)
         watcher = NoticeWatcher(self.imds, notice_poll_interval_wall_s(self.config),
                                 self._on_notice, self._on_rebalance)
         watcher.start()
@@ -262,6 +270,9 @@ class Agent:
         code = exit_code_of(returncode)
         reason = self.stop_reason or ("completed" if code == 0 else "error")
         self._check_emergency_save()
+        if self.outputs is not None:
+            self.outputs.join()
+            self.outputs.upload_safely("exit")
         shipper.flush(final=True)
         self.heartbeat("exited")
         self._write_exit(reason, code)

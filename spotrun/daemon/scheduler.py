@@ -285,7 +285,7 @@ def build_agent_config(settings: Settings, job: Job, attempt: Attempt) -> AgentC
         checkpoint_uri=job.checkpoint_uri, command=spec.command, env=dict(spec.env),
         secrets=dict(spec.secrets), bundle_key=job.bundle_key, gpus=attempt.gpus,
         total_steps=spec.work.total_steps, checkpoint_interval_s=interval_s,
-        checkpoint_keep=spec.checkpoint.keep, time_scale=scale,
+        checkpoint_keep=spec.checkpoint.keep, time_scale=scale, outputs=list(spec.outputs),
         heartbeat_interval_s=st.agent.heartbeat_interval_s,
         notice_poll_interval_s=st.agent.notice_poll_interval_s,
         log_flush_interval_s=st.agent.log_flush_interval_s,

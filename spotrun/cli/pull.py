@@ -1,0 +1,117 @@
+"""`spotrun pull JOB`: download a job's outputs and its final checkpoint as a plain state_dict.
+
+Outputs come from `jobs/<job>/outputs/` as listed in `outputs.json` (the agent writes
+both); the newest verified checkpoint is exported to `checkpoint/model.pt` (and
+`model.safetensors` where installed), which load without spotrun.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+import click
+
+from spotrun import layout
+from spotrun.cli.common import echo_json, get_settings, json_option
+from spotrun.db import find_job, open_db, session
+from spotrun.errors import ChecksumMismatch, NotFoundError, SpotrunError, StoreError
+from spotrun.store import open_store
+from spotrun.store.base import ObjectStore
+
+CHECKPOINT_DIR = "checkpoint"
+
+
+def _safe_rel(rel: str) -> str:
+    p = PurePosixPath(rel)
+    if p.is_absolute() or ".." in p.parts or not p.parts:
+        raise StoreError("unsafe path in outputs.json", field="outputs", value=rel)
+    return p.as_posix()
+
+
+def _sha(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def pull_outputs(store: ObjectStore, job_id: str, dest: Path) -> list[dict[str, Any]]:
+    """Download every file outputs.json lists into dest, SHA256-checked; what was written."""
+    key = layout.outputs_index_key(job_id)
+    if not store.exists(key):
+        return []
+    files = json.loads(store.get_bytes(key)).get("files", {})
+    out = []
+    for rel, meta in sorted(files.items()):
+        rel = _safe_rel(rel)
+        target = dest / rel
+        store.get_file(f"{layout.outputs_prefix(job_id)}/{rel}", target)
+        if _sha(target) != meta.get("sha256"):
+            raise ChecksumMismatch("sha256 differs from outputs.json", field="outputs", value=rel)
+        out.append({"path": rel, "size": meta.get("size"), "attempt": meta.get("attempt")})
+    return out
+
+
+def pull_checkpoint(checkpoint_store: ObjectStore, dest: Path) -> dict[str, Any] | None:
+    """Export the newest verified checkpoint into dest/checkpoint; None if there is none."""
+    from spotrun.checkpoints import latest_verified
+    manifest = latest_verified(checkpoint_store)
+    if manifest is None:
+        return None
+    info: dict[str, Any] = {"name": manifest.name, "step": manifest.step,
+                            "kind": manifest.extra.get("kind"), "files": []}
+    try:
+        from spotrun.integrations.export import export
+    except ImportError as exc:   # torch is not installed here
+        info["skipped"] = f"cannot export without torch ({exc.name})"
+        return info
+    folder = dest / CHECKPOINT_DIR
+    info["files"] = [f"{CHECKPOINT_DIR}/{n}" for n in export(checkpoint_store, manifest, folder)]
+    return info
+
+
+@click.command()
+@click.argument("job_ref")
+@click.option("--to", "to_dir", type=click.Path(file_okay=False), default=None,
+              help="Folder to write into (created); default ./<job id>.")
+@click.option("--no-checkpoint", is_flag=True, help="Only the outputs; skip the export.")
+@json_option
+def pull(job_ref: str, to_dir: str | None, no_checkpoint: bool, as_json: bool) -> None:
+    """Download a job's outputs, and its final checkpoint as checkpoint/model.pt.
+
+    Outputs are the files the job spec's `outputs` names, uploaded by the agent when
+    the command ended (or on the interruption notice). The checkpoint is the newest
+    verified one, exported as a plain PyTorch state_dict (`torch.load(...,
+    weights_only=True)`), plus `model.safetensors` where safetensors is installed.
+    """
+    settings = get_settings()
+    engine = open_db(settings.database_url)
+    with session(engine) as s:
+        job = find_job(s, job_ref)
+        if job is None:
+            raise NotFoundError("no such job", field="JOB", value=job_ref)
+        job_id, store_uri, ckpt_uri, state = job.id, job.store_uri, job.checkpoint_uri, job.state
+    dest = Path(to_dir) if to_dir else Path.cwd() / job_id
+    if dest.exists() and not dest.is_dir():
+        raise NotFoundError("not a folder", field="--to", value=str(dest))
+    dest.mkdir(parents=True, exist_ok=True)
+    outputs = pull_outputs(open_store(store_uri), job_id, dest)
+    checkpoint = None if no_checkpoint else pull_checkpoint(open_store(ckpt_uri), dest)
+    if not outputs and checkpoint is None:
+        raise SpotrunError("nothing to pull yet: no outputs and no checkpoint", field="JOB",
+                           value=job_id, hint="outputs come when the command ends; "
+                           "list them under `outputs:` in the job spec")
+    if as_json:
+        echo_json({"job": job_id, "state": state.value, "to": str(dest.resolve()),
+                   "outputs": outputs, "checkpoint": checkpoint})
+        return
+    click.echo(f"{job_id} ({state.value}) -> {dest}")
+    for o in outputs:
+        click.echo(f"  {o['path']}  {o['size']} bytes  (attempt {o['attempt']})")
+    if checkpoint is not None:
+        what = ", ".join(checkpoint["files"]) or checkpoint.get("skipped", "")
+        click.echo(f"  {checkpoint['name']} (step {checkpoint['step']}, {checkpoint['kind']}): {what}")

@@ -1,0 +1,215 @@
+"""What the framework integrations share: the notice, the job's store, folders as checkpoints.
+
+A framework checkpoint (a Trainer `checkpoint-N/` folder, a Lightning `.ckpt` file) goes
+into the job's checkpoint store as an ordinary spotrun checkpoint, `ckpt-<step:012d>/`
+with the files and then `MANIFEST.json` (spotrun/checkpoints.py), so the agent finds it
+as the resume point and the daemon reads the job's progress from it. The manifest's
+`extra.kind` says which framework wrote it; a nested path `a/b` is stored as `a~b`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import signal
+import tempfile
+import threading
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+from spotrun.checkpoints import (MANIFEST, Manifest, apply_retention, checkpoint_name,
+                                 list_complete, read_manifest, write_manifest)
+from spotrun.errors import ChecksumMismatch, ObjectNotFound, StoreError
+from spotrun.store import open_store
+from spotrun.store.base import ObjectStore
+
+log = logging.getLogger("spotrun.integrations")
+
+SEP = "~"   # stands for "/" in a stored file name (the manifest lists flat names)
+KEEP_DEFAULT = 3
+
+
+class Notice:
+    """The interruption notice as the job sees it: SIGUSR1 from the agent sets a flag.
+
+    The one place the integrations learn of a notice; the handler only records the
+    moment, and the callbacks save at their next callback point.
+    """
+
+    def __init__(self, install: bool = True) -> None:
+        self.at: float | None = None
+        self._prev: Any = None
+        self._installed = False
+        if install and threading.current_thread() is threading.main_thread():
+            self._prev = signal.signal(signal.SIGUSR1, self._handler)
+            self._installed = True
+        elif install:
+            log.warning("spotrun callback not created in the main thread: SIGUSR1 not handled")
+
+    def _handler(self, signum: int, frame: Any) -> None:
+        if self.at is None:
+            self.at = time.monotonic()
+        if callable(self._prev):   # a handler the program had before keeps working
+            self._prev(signum, frame)
+
+    @property
+    def pending(self) -> bool:
+        """True from the notice until `clear()`."""
+        return self.at is not None
+
+    def set(self) -> None:
+        """Record a notice now (what SIGUSR1 does)."""
+        self._handler(signal.SIGUSR1, None)
+
+    def clear(self) -> float:
+        """Forget the notice; returns seconds since it arrived."""
+        took = time.monotonic() - (self.at if self.at is not None else time.monotonic())
+        self.at = None
+        return took
+
+    def uninstall(self) -> None:
+        """Put the previous SIGUSR1 handler back."""
+        if self._installed:
+            signal.signal(signal.SIGUSR1, self._prev if self._prev is not None else signal.SIG_DFL)
+            self._installed = False
+
+
+def job_store(uri: str | None = None, env: Mapping[str, str] | None = None) -> ObjectStore | None:
+    """The job's checkpoint store (SPOTRUN_CHECKPOINT_URI unless uri is given), or None."""
+    env = os.environ if env is None else env
+    uri = uri or env.get("SPOTRUN_CHECKPOINT_URI") or None
+    return open_store(uri) if uri else None
+
+
+def env_keep(env: Mapping[str, str] | None = None) -> int:
+    """SPOTRUN_CHECKPOINT_KEEP, or 3."""
+    env = os.environ if env is None else env
+    raw = (env.get("SPOTRUN_CHECKPOINT_KEEP") or "").strip()
+    return max(1, int(raw)) if raw.isdigit() else KEEP_DEFAULT
+
+
+def env_interval_s(env: Mapping[str, str] | None = None) -> float | None:
+    """SPOTRUN_CHECKPOINT_INTERVAL_S as seconds, or None (leave the cadence to the framework)."""
+    env = os.environ if env is None else env
+    raw = (env.get("SPOTRUN_CHECKPOINT_INTERVAL_S") or "").strip()
+    try:
+        return float(raw) if raw else None
+    except ValueError:
+        return None
+
+
+def upload_files(store: ObjectStore, step: int, files: Mapping[str, Path], kind: str,
+                 extra: Mapping[str, Any] | None = None, keep: int | None = None) -> Manifest:
+    """Upload {stored-relative-path: local file} as checkpoint `step`, manifest last."""
+    name = checkpoint_name(step)
+    listed: dict[str, dict[str, Any]] = {}
+    for rel, path in sorted(files.items()):
+        flat = rel.replace("/", SEP)
+        digest = store.put_file(f"{name}/{flat}", path)
+        listed[flat] = {"size": Path(path).stat().st_size, "sha256": digest}
+    manifest = write_manifest(store, step, listed, {"kind": kind, **dict(extra or {})})
+    if keep is not None:
+        apply_retention(store, keep)
+    return manifest
+
+
+def folder_files(folder: Path) -> dict[str, Path]:
+    """Every file under folder by its '/'-relative path."""
+    return {p.relative_to(folder).as_posix(): p for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def download(store: ObjectStore, name: str, dest: Path) -> Manifest:
+    """Fetch checkpoint `name` into dest (nested names restored), each file SHA256-checked."""
+    manifest = read_manifest(store, name)
+    dest.mkdir(parents=True, exist_ok=True)
+    for flat, meta in manifest.files.items():
+        target = dest / flat.replace(SEP, "/")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        store.get_file(f"{name}/{flat}", target)
+        if _sha_file(target) != meta["sha256"]:
+            target.unlink()
+            raise ChecksumMismatch("sha256 differs", field="checkpoint", value=f"{name}/{flat}")
+    return manifest
+
+
+def _sha_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def newest_of_kind(store: ObjectStore, kind: str, prefer: str | None = None,
+                   fetch: Callable[[str], Any] | None = None) -> tuple[str, Any] | None:
+    """The newest checkpoint of this kind that fetch() accepts (prefer first); (name, result)."""
+    names = list(reversed(list_complete(store)))
+    if prefer and prefer in names:
+        names.remove(prefer)
+        names.insert(0, prefer)
+    for name in names:
+        try:
+            manifest = read_manifest(store, name)
+            if manifest.extra.get("kind") != kind:
+                continue
+            return name, (fetch(name) if fetch else manifest)
+        except (ChecksumMismatch, ObjectNotFound, StoreError, OSError) as exc:
+            log.warning("skipping checkpoint %s: %s", name, exc)
+    return None
+
+
+class Progress:
+    """The progress file the agent's heartbeat reads (SPOTRUN_PROGRESS_FILE), rewritten atomically."""
+
+    def __init__(self, env: Mapping[str, str] | None = None, interval_s: float = 1.0) -> None:
+        env = os.environ if env is None else env
+        path = env.get("SPOTRUN_PROGRESS_FILE") or None
+        self.path = Path(path) if path else None
+        total = (env.get("SPOTRUN_TOTAL_STEPS") or "").strip()
+        self.fields: dict[str, Any] = {
+            "step": 0, "total_steps": int(total) if total.isdigit() else None,
+            "steps_per_s": None, "last_checkpoint_step": None, "checkpoint_save_s": None,
+            "emergency_checkpoint_step": None, "emergency_save_s": None}
+        self.interval_s = interval_s
+        self._last = -1e18
+        self._mark: tuple[int, float] | None = None
+
+    def step(self, step: int, *, force: bool = False) -> None:
+        """Record the steps done; rewrite the file at most once per interval unless forced."""
+        now = time.monotonic()
+        self.fields["step"] = step
+        if self._mark is None:
+            self._mark = (step, now)
+        elif now - self._mark[1] >= 1.0:
+            self.fields["steps_per_s"] = (step - self._mark[0]) / (now - self._mark[1])
+            self._mark = (step, now)
+        if force or now - self._last >= self.interval_s:
+            self.write()
+
+    def saved(self, step: int, save_s: float, emergency_s: float | None = None) -> None:
+        """Record a checkpoint in the store (an emergency one when emergency_s is given)."""
+        self.fields.update(last_checkpoint_step=step, checkpoint_save_s=round(save_s, 4))
+        if emergency_s is not None:
+            self.fields.update(emergency_checkpoint_step=step,
+                               emergency_save_s=round(emergency_s, 4))
+        self.write()
+
+    def write(self) -> None:
+        """Replace the file now (temp file + rename); no-op outside spotrun."""
+        self._last = time.monotonic()
+        if self.path is None:
+            return
+        body = dict(self.fields, ts=datetime.now(timezone.utc).isoformat())
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=".progress-", dir=self.path.parent)
+        with os.fdopen(fd, "w") as f:
+            json.dump(body, f)
+        os.replace(tmp, self.path)
+
+
+__all__ = ["MANIFEST", "Notice", "Progress", "download", "env_interval_s", "env_keep",
+           "folder_files", "job_store", "newest_of_kind", "upload_files"]

@@ -1,0 +1,253 @@
+"""PyTorch Lightning on spot instances: a callback, a resumable data loader, a resume helper.
+
+    spot = SpotrunCallback()
+    train = ResumableDataLoader(dataset, batch_size=32, shuffle=True, seed=0)
+    trainer = L.Trainer(max_steps=..., callbacks=[spot])
+    trainer.fit(model, train, val, ckpt_path=ckpt_path())
+
+Checkpoints are Lightning's own `.ckpt` files (`trainer.save_checkpoint`: weights,
+optimizers, schedulers, loop progress, callback and data-loader state); the callback
+uploads each to the job's store as `ckpt-<global step>/` and `ckpt_path()` downloads the
+newest, so `fit(ckpt_path=...)` resumes through Lightning's fault tolerance. An exact
+mid-epoch resume needs a stateful train loader (Lightning saves its `state_dict`):
+`ResumableDataLoader` is one. The interruption notice (SIGUSR1) saves at the next
+training batch end, or at the next validation batch during a validation.
+
+Exact resume also needs the random state: the callback stores it in the checkpoint and
+puts it back before the first batch after a resume; a validation inside `fit` leaves the
+training random state as it found it (so where a validation ran does not matter).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from pathlib import Path
+from typing import Any, Iterator
+
+import torch
+from torch.utils.data import DataLoader, Sampler
+
+try:
+    import lightning.pytorch as pl
+except ImportError:   # the standalone package of the same code
+    import pytorch_lightning as pl  # type: ignore[no-redef]
+
+from spotrun.integrations._common import (Notice, Progress, download, env_interval_s, env_keep,
+                                          job_store, newest_of_kind, upload_files)
+from spotrun.torch.rng import get_rng_state, set_rng_state
+
+log = logging.getLogger("spotrun.integrations.lightning")
+
+KIND = "lightning/1"
+FILE = "last.ckpt"
+DEFAULT_DIR = "spotrun-checkpoints"
+
+
+def _rng_save() -> dict[str, Any]:
+    # Tensors and plain values only: Lightning may load checkpoints with weights_only=True.
+    s = get_rng_state()
+    kind, keys, pos, has_gauss, gauss = s["numpy"]
+    out = {"python": s["python"], "torch": s["torch"],
+           "numpy": [kind, torch.from_numpy(keys.astype("int64")), int(pos), int(has_gauss),
+                     float(gauss)]}
+    if "cuda" in s:
+        out["cuda"] = list(s["cuda"])
+    return out
+
+
+def _rng_load(saved: dict[str, Any]) -> None:
+    import numpy as np
+    kind, keys, pos, has_gauss, gauss = saved["numpy"]
+    py = saved["python"]
+    set_rng_state({"python": (py[0], tuple(py[1]), py[2]), "torch": saved["torch"],
+                   "numpy": (kind, keys.numpy().astype(np.uint32), pos, has_gauss, gauss),
+                   **({"cuda": saved["cuda"]} if "cuda" in saved else {})})
+
+
+class EpochSampler(Sampler[int]):
+    """Shuffles with its own per-epoch seed; can start an epoch past its first `skip` indices."""
+
+    def __init__(self, length: int, *, seed: int = 0, shuffle: bool = True) -> None:
+        self.length, self.seed, self.shuffle = length, seed, shuffle
+        self.epoch = 0
+        self.skip = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        """Lightning calls this at each epoch start."""
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __iter__(self) -> Iterator[int]:
+        if self.shuffle:
+            g = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)
+            order = torch.randperm(self.length, generator=g).tolist()
+        else:
+            order = list(range(self.length))
+        skip, self.skip = self.skip, 0
+        return iter(order[skip:])
+
+
+class ResumableDataLoader(DataLoader):
+    """A DataLoader whose position Lightning saves and restores (its state_dict).
+
+    The shuffle and the loader's own seed come from private generators, so the data
+    order never depends on, or moves, the global random state. The callback tells it how
+    many batches of the epoch are done (a prefetching loop has handed out more).
+    """
+
+    def __init__(self, dataset: Any, batch_size: int = 1, *, shuffle: bool = False,
+                 seed: int = 0, **kwargs: Any) -> None:
+        super().__init__(dataset, batch_size=batch_size,
+                         sampler=EpochSampler(len(dataset), seed=seed, shuffle=shuffle),
+                         generator=torch.Generator().manual_seed(seed), **kwargs)
+        self.batches_done = 0
+
+    def state_dict(self) -> dict[str, Any]:
+        """Epoch and finished batches in it."""
+        return {"epoch": self.sampler.epoch, "batches_done": self.batches_done}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """The next iteration starts after the finished batches."""
+        self.sampler.epoch = int(state["epoch"])
+        self.batches_done = int(state["batches_done"])
+        self.sampler.skip = self.batches_done * int(self.batch_size or 1)
+
+
+def _train_loaders(trainer: Any) -> list[ResumableDataLoader]:
+    loaders = trainer.train_dataloader
+    if isinstance(loaders, dict):
+        loaders = list(loaders.values())
+    elif not isinstance(loaders, (list, tuple)):
+        loaders = [loaders]
+    return [x for x in loaders if isinstance(x, ResumableDataLoader)]
+
+
+class SpotrunCallback(pl.Callback):
+    """Upload Lightning checkpoints to the job's store; save at once on the notice."""
+
+    def __init__(self, dirpath: str | os.PathLike[str] = DEFAULT_DIR, *, uri: str | None = None,
+                 keep: int | None = None, interval_s: float | None = None,
+                 install_signal: bool = True) -> None:
+        self.dirpath = Path(dirpath)
+        self.store = job_store(uri)
+        self.keep = keep or env_keep()
+        self.interval_s = interval_s if interval_s is not None else env_interval_s()
+        self.notice = Notice(install_signal)
+        self.progress = Progress()
+        self.uploaded_step: int | None = None
+        self.emergency_steps: list[tuple[int, str]] = []
+        self._last_save_t = time.monotonic()
+        self._val_rng: dict[str, Any] | None = None    # training RNG stashed during a validation
+        self._rng_to_restore: dict[str, Any] | None = None
+
+    # -- random state -------------------------------------------------------------
+
+    def on_validation_start(self, trainer: Any, pl_module: Any) -> None:
+        """Stash the training random state: validation must not move it."""
+        self._val_rng = _rng_save()
+
+    def on_validation_end(self, trainer: Any, pl_module: Any) -> None:
+        """Put the training random state back."""
+        if self._val_rng is not None:
+            _rng_load(self._val_rng)
+            self._val_rng = None
+
+    def on_save_checkpoint(self, trainer: Any, pl_module: Any, checkpoint: dict[str, Any]) -> None:
+        """Add the training random state to the checkpoint."""
+        checkpoint["spotrun"] = {"rng": self._val_rng if self._val_rng is not None else _rng_save()}
+
+    def on_load_checkpoint(self, trainer: Any, pl_module: Any, checkpoint: dict[str, Any]) -> None:
+        """Keep the saved random state for the first batch after the resume."""
+        self._rng_to_restore = (checkpoint.get("spotrun") or {}).get("rng")
+
+    def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
+        """First batch after a resume: the random state of the step that was saved."""
+        if self._rng_to_restore is not None:
+            _rng_load(self._rng_to_restore)
+            self._rng_to_restore = None
+
+    # -- saving -------------------------------------------------------------------
+
+    def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+        """Report the step training starts from."""
+        self._last_save_t = time.monotonic()
+        self.progress.step(trainer.global_step, force=True)
+
+    def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any,
+                           batch_idx: int) -> None:
+        """After each batch: data position, progress, and a save on the notice or interval."""
+        for loader in _train_loaders(trainer):
+            loader.batches_done = batch_idx + 1
+        self.progress.step(trainer.global_step)
+        due = self.interval_s and time.monotonic() - self._last_save_t >= self.interval_s
+        if self.notice.pending or due:
+            self.save(trainer, "train")
+
+    def on_train_epoch_end(self, trainer: Any, pl_module: Any) -> None:
+        """A finished epoch: the next starts from its first batch."""
+        for loader in _train_loaders(trainer):
+            loader.batches_done = 0
+
+    def on_validation_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any,
+                                batch_idx: int, dataloader_idx: int = 0) -> None:
+        """During a validation in fit: on a notice, checkpoint the last finished step now."""
+        if (self.notice.pending and not trainer.sanity_checking and trainer.state.fn == "fit" and trainer.global_step > 0
+                and self.uploaded_step != trainer.global_step):
+            self.save(trainer, "evaluation")
+
+    def on_train_end(self, trainer: Any, pl_module: Any) -> None:
+        """End of training: the store gets a checkpoint of the final state."""
+        if self.uploaded_step != trainer.global_step:
+            self.save(trainer, "end")
+        self.progress.step(trainer.global_step, force=True)
+
+    def save(self, trainer: Any, where: str = "train") -> Path:
+        """Write a Lightning checkpoint now and upload it; returns the local file."""
+        t0 = time.monotonic()
+        step = int(trainer.global_step)
+        path = self.dirpath / f"step={step}.ckpt"
+        trainer.save_checkpoint(path)
+        if self.store is not None and trainer.is_global_zero:
+            upload_files(self.store, step, {FILE: path}, KIND, {"file": FILE}, keep=self.keep)
+        for old in self.dirpath.glob("step=*.ckpt"):   # the store keeps the history
+            if old != path:
+                old.unlink(missing_ok=True)
+        self.uploaded_step = step
+        self._last_save_t = time.monotonic()
+        emergency_s = None
+        if self.notice.pending and where != "end":
+            emergency_s = self.notice.clear()
+            self.emergency_steps.append((step, where))
+            # stdout: the agent ships it, so `spotrun logs` shows when the notice was honoured.
+            print(f"spotrun: emergency checkpoint at step {step} during {where} "
+                  f"({emergency_s:.2f}s after the notice)", flush=True)
+        self.progress.saved(step, time.monotonic() - t0, emergency_s)
+        return path
+
+
+def ckpt_path(dirpath: str | os.PathLike[str] = DEFAULT_DIR, *, uri: str | None = None) -> str | None:
+    """The `ckpt_path` for `trainer.fit`: the job's newest Lightning checkpoint, downloaded.
+
+    SPOTRUN_RESUME_CHECKPOINT first; outside spotrun (no store), the newest local one
+    in dirpath; None for a fresh start.
+    """
+    folder = Path(dirpath)
+    store = job_store(uri)
+    if store is None:
+        local = sorted(folder.glob("step=*.ckpt"), key=lambda p: int(p.stem.split("=")[1]))
+        return str(local[-1]) if local else None
+
+    def fetch(name: str) -> Path:
+        dest = folder / f"resume-{name}"
+        download(store, name, dest)
+        return dest / FILE
+
+    found = newest_of_kind(store, KIND, os.environ.get("SPOTRUN_RESUME_CHECKPOINT") or None, fetch)
+    return str(found[1]) if found else None
+
+
+__all__ = ["KIND", "EpochSampler", "ResumableDataLoader", "SpotrunCallback", "ckpt_path"]
