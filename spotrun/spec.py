@@ -185,7 +185,9 @@ def parse_spec(raw: Any, *, base_dir: Path, instance_types: Iterable[str], zones
             raise SpecError("must be a path string", field="workdir", value=wd)
         wpath = (base_dir / wd).resolve()
         if not wpath.is_dir():
-            raise SpecError("must be an existing directory", field="workdir", value=wd)
+            raise SpecError(f"must be an existing directory; {wpath} is "
+                            f"{'a file' if wpath.exists() else 'missing'}", field="workdir",
+                            value=wd)
         workdir = str(wpath)
 
     env = _str_map(top.get("env"), "env", ENV_KEY_RE, None)
@@ -432,9 +434,11 @@ def _str_map(raw: Any, path: str, key_re: re.Pattern[str], val_re: re.Pattern[st
     for k, v in raw.items():
         if not isinstance(k, str) or not key_re.match(k):
             raise SpecError("key must match [A-Za-z_][A-Za-z0-9_]*", field=f"{path}.{k}", value=k)
-        if isinstance(v, bool) or not isinstance(v, (str, int, float)):
-            raise SpecError("allowed: a string", field=f"{path}.{k}", value=v)
-        v = str(v)
+        if not isinstance(v, str):
+            # YAML reads `A: 3` as a number and `A: yes` as true; the process sees strings.
+            raise SpecError(f"allowed: a string (quote it: {k}: '{v}')" if path == "env"
+                            else "allowed: a string", field=f"{path}.{k}",
+                            value=v if path == "env" else "<redacted>")
         if val_re is not None and not val_re.match(v):
             raise SpecError("allowed: env:NAME, ssm:/path or secretsmanager:NAME",
                             field=f"{path}.{k}", value="<redacted>")

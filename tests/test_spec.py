@@ -91,6 +91,8 @@ BAD = [
     ("env", ["A"], "env"),
     ("env", {"1BAD": "x"}, "env.1BAD"),
     ("env", {"OK": {"nested": 1}}, "env.OK"),
+    ("env", {"A": 3}, "env.A"),                 # values are strings: quote numbers
+    ("env", {"A": True}, "env.A"),
     ("secrets", {"TOKEN": "plain-value"}, "secrets.TOKEN"),
     ("secrets", {"TOKEN": "vault:x"}, "secrets.TOKEN"),
     ("resources", "8 gpus", "resources"),
@@ -217,3 +219,16 @@ def test_real_process_exit_code_and_no_traceback(tmp_path):
     assert p.returncode == 2
     assert p.stderr.startswith("error: policy.market") and "Traceback" not in p.stderr
     assert not (tmp_path / "home").exists()
+
+
+def test_env_number_error_says_to_quote_and_workdir_error_echoes_the_path(tmp_path: Path):
+    cat_types, zones = ["p3.2xlarge"], ["us-east-1a"]
+    with pytest.raises(SpecError) as err:
+        parse_spec({"name": "a", "command": "x", "env": {"A": 3}}, base_dir=tmp_path,
+                   instance_types=cat_types, zones=zones)
+    assert "quote it: A: '3'" in str(err.value)
+    (tmp_path / "afile").write_text("")
+    with pytest.raises(SpecError) as err:
+        parse_spec({"name": "a", "command": "x", "workdir": "afile"}, base_dir=tmp_path,
+                   instance_types=cat_types, zones=zones)
+    assert str((tmp_path / "afile").resolve()) in str(err.value) and "a file" in str(err.value)
