@@ -29,7 +29,7 @@ from spotrun.errors import CapacityError, ProviderError
 from spotrun.providers.base import (TAG_ATTEMPT, TAG_JOB, TAG_MANAGED, LaunchRequest, Pool,
                                     pools_from_json, pools_to_json)
 from spotrun.spec import job_spec, spec_from_dict
-from spotrun.states import AttemptState, EndReason, JobState, Market
+from spotrun.states import AttemptState, EndReason, JobState, Market, move_attempt, move_job
 
 NEEDS_LAUNCH = (JobState.QUEUED, JobState.RECOVERING)
 # Deadline jobs are placed by the shared policy in every live state (it may move them).
@@ -138,7 +138,7 @@ class SchedulerLoop:
         with session(self.ctx.engine) as s:
             s.add(attempt)
             j = s.get(Job, job.id)
-            j.state = JobState.STARTING
+            move_job(j, JobState.STARTING)
             j.reason = None
             j.last_step = start_step
             j.updated_at = now
@@ -174,9 +174,9 @@ class SchedulerLoop:
             if found:
                 a.instance_id = found[0].instance_id
                 a.started_at = found[0].launched_at
-                a.state = AttemptState.RUNNING  # the reconcile loop terminates it
+                move_attempt(a, AttemptState.RUNNING)  # the reconcile loop terminates it
             else:
-                a.state = AttemptState.ENDED
+                move_attempt(a, AttemptState.ENDED)
                 a.end_reason = EndReason.CANCELLED
                 a.detail = "cancelled before launch"
             s.add(a)
@@ -237,7 +237,7 @@ class SchedulerLoop:
     def _end_attempt(self, attempt: Attempt, reason: EndReason, detail: str) -> None:
         with session(self.ctx.engine) as s:
             a = s.get(Attempt, attempt.id)
-            a.state = AttemptState.ENDED
+            move_attempt(a, AttemptState.ENDED)
             a.end_reason = reason
             a.detail = detail
             s.add(a)
@@ -249,8 +249,8 @@ class SchedulerLoop:
         with session(self.ctx.engine) as s:
             j = s.get(Job, job.id)
             if j.state is JobState.STARTING:
-                j.state = JobState.RECOVERING if j.last_step or attempts_of(s, j.id) else \
-                    JobState.QUEUED
+                move_job(j, JobState.RECOVERING if j.last_step or attempts_of(s, j.id)
+                         else JobState.QUEUED)
             changed = j.reason != why
             j.reason = why
             s.add(j)
