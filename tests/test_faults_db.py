@@ -20,6 +20,7 @@ from daemon_helpers import DaemonProc, write_home
 from faults_helpers import (RACER, FrozenLocker, assert_one_line_failure, break_db, cli_env,
                             fresh_db, proc_state, run_cli, sqlite_rows)
 from polling import wait_for
+from test_postgres import pg_db, pg_url  # noqa: F401  (a real PostgreSQL server, or a skip)
 
 FAST_DB = "db_busy_timeout_s = 0.5\n"
 
@@ -65,6 +66,33 @@ def test_concurrent_first_open_of_a_fresh_database_never_fails(tmp_path: Path):
     for h in homes:
         db = h / "spotrun.db"
         assert sqlite_rows(db, "SELECT value FROM meta WHERE key='schema_version'") != []
+
+
+def test_concurrent_first_open_on_postgresql_never_fails(pg_url: str, tmp_path: Path):  # noqa: F811
+    from sqlalchemy import create_engine, text
+    failures = []
+    for round_no in range(4):
+        engine = create_engine(pg_url)
+        with engine.begin() as conn:       # a fresh, empty database each round
+            conn.execute(text("DROP SCHEMA public CASCADE"))
+            conn.execute(text("CREATE SCHEMA public"))
+        engine.dispose()
+        home = tmp_path / f"home{round_no}"
+        home.mkdir()
+        procs = []
+        for _ in range(4):
+            procs.append(subprocess.Popen([sys.executable, "-c", RACER, "status", "--json"],
+                                          env=cli_env(home, SPOTRUN_DB_URL=pg_url),
+                                          stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                          stderr=subprocess.PIPE, text=True))
+        for p in procs:
+            p.stdin.write("go\n")
+            p.stdin.flush()
+        for p in procs:
+            out, err = p.communicate(timeout=180)
+            if p.returncode != 0 or "Traceback" in err:
+                failures.append((p.returncode, err.strip().splitlines()[-1:]))
+    assert failures == [], failures
 
 
 def test_two_daemons_started_together_one_runs_one_waits(tmp_path: Path):
