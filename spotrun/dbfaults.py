@@ -80,7 +80,10 @@ def check_sqlite_file(path: Path, *, need_write: bool = True) -> None:
     if head and not head.startswith(SQLITE_HEADER[:len(head)]):
         raise _fail(what, "is not a SQLite database (unreadable: garbage or another format)",
                     "move it aside and restore a backup, or let spotrun create a fresh one")
-    if head and (len(head) < 100 or _truncated(path, head)):
+    # The page count is only trusted with no -wal file: a checkpoint in progress writes the
+    # new header before the pages that extend the file.
+    if head and (len(head) < 100 or (not Path(f"{path}-wal").exists()
+                                     and _truncated(path, head))):
         raise _fail(what, "is damaged: the file is truncated (unreadable)",
                     "move it aside and restore a backup")
     if need_write:
