@@ -7,6 +7,7 @@ SIGSTOPped; races are started from a barrier so they really overlap.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -35,6 +36,14 @@ def _job_spec(tmp_path: Path, workdir: bool = False) -> Path:
     spec = tmp_path / "job.yaml"
     spec.write_text("\n".join(lines) + "\n")
     return spec
+
+
+@contextlib.contextmanager
+def _no_market_left(home: Path):
+    try:
+        yield
+    finally:
+        kill_leftovers(home / "market")
 
 
 def _race(homes: list[Path], argv: list[str], per_home: int) -> list[subprocess.Popen]:
@@ -141,7 +150,7 @@ def test_submit_against_a_frozen_write_lock_fails_in_one_line_and_leaves_no_bund
     (tmp_home / "spotrun.toml").write_text(FAST_DB)
     db = fresh_db(tmp_home / "spotrun.db")
     spec = _job_spec(tmp_path, workdir=True)
-    with FrozenLocker(db):
+    with FrozenLocker(db), _no_market_left(tmp_home):
         proc = run_cli(tmp_home, "submit", str(spec))
         line = assert_one_line_failure(proc, "locked")
         assert "0.5" in line                 # says how long it waited
@@ -149,6 +158,11 @@ def test_submit_against_a_frozen_write_lock_fails_in_one_line_and_leaves_no_bund
         assert [p for p in stored if p.is_file()] == []   # no bundle without a job row
         cancel = run_cli(tmp_home, "cancel", "nosuch")
         assert cancel.returncode in (1, 2) and "Traceback" not in cancel.stderr
+        once = run_cli(tmp_home, "daemon", "--once")     # must write its lease: bounded
+        assert_one_line_failure(once, "locked")
+        # Readers are not blocked by a writer (WAL): status still answers.
+        status = run_cli(tmp_home, "status", "--json")
+        assert status.returncode == 0 and json.loads(status.stdout) == [], status.stderr
     assert sqlite_rows(db, "SELECT id FROM job") == []
     # Once the lock is gone the same submit works: bundle and row together.
     ok = run_cli(tmp_home, "submit", "--json", str(spec))
