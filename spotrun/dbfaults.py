@@ -64,6 +64,9 @@ def check_sqlite_file(path: Path, *, need_write: bool = True) -> None:
                     "move it aside; spotrun creates a fresh database there")
     if not path.exists():
         parent = _existing_parent(path.parent)
+        if not parent.is_dir():
+            raise _fail(what, f"cannot be created: {parent} is a file, not a folder",
+                        "point SPOTRUN_HOME (or db_url) at a folder")
         if need_write and not os.access(parent, os.W_OK | os.X_OK):
             raise _fail(what, f"cannot be created: folder {parent} is read-only",
                         "give spotrun's user write access to that folder")
