@@ -3,6 +3,7 @@ and a corrupt manifest is replaced by the next save of its step instead of block
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -103,3 +104,53 @@ def test_a_corrupt_manifest_is_replaced_by_the_next_save_of_its_step(tmp_path: P
     ck.close()
     assert read_manifest(store, checkpoint_name(7)).extra.get("kind") == "spotrun.torch/1"
     assert _ckpt(store, seed=4).restore() == 7
+
+
+def test_status_shows_the_step_the_job_really_resumed_from(tmp_home: Path, tmp_path: Path):
+    """End to end: the daemon launches a job whose newest checkpoint has a shard altered with
+    the same size; `status` must name the start step the job's own process resumed from."""
+    import json
+    import subprocess
+    import sys
+
+    from conftest import kill_leftovers, write_trace
+    from daemon_helpers import DaemonProc, live_instance_pids, write_home, write_job
+    from polling import wait_for
+    from spotrun.jobs import submit, validate_submission
+    from spotrun.store import open_store
+
+    trace = write_trace(tmp_path / "trace.csv", {"za": [1] * 40}, tick_s=600.0)
+    write_home(tmp_home, trace)
+    settings = load_settings(str(tmp_home))
+    sub = validate_submission(write_job(tmp_path, "resumer", steps=30), settings)
+    ckpts = open_store(sub.checkpoint_uri)
+    for step in (5, 10):      # what an earlier attempt left: the torch-free workload's format
+        put_checkpoint_files(ckpts, step, {"state.json": json.dumps({"step": step}).encode()})
+    state = Path(sub.checkpoint_uri[len("file://"):]) / checkpoint_name(10) / "state.json"
+    state.write_bytes(state.read_bytes().replace(b"10", b"99"))     # same size
+    engine = open_db(settings.database_url)
+    job_id = submit(sub, engine).id
+    engine.dispose()
+
+    def cli(*args: str) -> subprocess.CompletedProcess:
+        env = dict(os.environ, SPOTRUN_HOME=str(tmp_home))
+        env.pop("SPOTRUN_DB_URL", None)
+        return subprocess.run([sys.executable, "-m", "spotrun", *args], env=env, text=True,
+                              capture_output=True, timeout=120)
+
+    def done() -> bool:
+        out = cli("status", job_id, "--json")
+        return out.returncode == 0 and json.loads(out.stdout)[0]["state"] == "succeeded"
+
+    daemon = DaemonProc(tmp_home, tmp_path / "daemon.log")
+    try:
+        wait_for(done, 120, "the job to succeed")
+    finally:
+        daemon.terminate()
+        kill_leftovers(tmp_home / "market")
+    first = json.loads(cli("status", job_id, "--json").stdout)[0]["attempts"][0]
+    logs = cli("logs", job_id).stdout
+    really = int(logs.split("start ", 1)[1].split()[0])   # the workload prints "start N"
+    assert really == 5
+    assert first["start_step"] == really
+    assert not live_instance_pids(tmp_home)
