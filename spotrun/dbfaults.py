@@ -115,6 +115,71 @@ def _truncated(path: Path, head: bytes) -> bool:
     return path.stat().st_size < pages * page_size
 
 
+def lock_holders(path: Path) -> list[int]:
+    """Processes holding a SQLite write lock on path (from /proc/locks; [] where unknown).
+
+    WAL mode: the write lock is byte 120 of the -shm file; rollback mode: a WRITE lock on
+    the database file itself.
+    """
+    targets: dict[tuple[str, int], str] = {}
+    for p, kind in ((Path(f"{path}-shm"), "shm"), (path, "db")):
+        try:
+            st = p.stat()
+        except OSError:
+            continue
+        targets[(f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}", st.st_ino)] = kind
+    pids: list[int] = []
+    try:
+        with open("/proc/locks", encoding="ascii") as f:
+            lines = f.readlines()
+    except OSError:
+        return []
+    for line in lines:
+        parts = line.split()
+        if "->" in parts:           # a waiter, not a holder
+            continue
+        try:
+            kind_i = parts.index("ADVISORY") if "ADVISORY" in parts else parts.index("MANDATORY")
+            mode, pid, dev_ino, start = parts[kind_i + 1:kind_i + 5]
+            major_minor, ino = dev_ino.rsplit(":", 1)
+            kind = targets.get((major_minor, int(ino)))
+        except (ValueError, IndexError):
+            continue
+        if mode != "WRITE" or kind is None or (kind == "shm" and start != "120"):
+            continue
+        if int(pid) != os.getpid() and int(pid) not in pids:
+            pids.append(int(pid))
+    return pids
+
+
+def describe_holders(path: Path | None) -> str:
+    """' by pid N (stopped: cmd)' for the write-lock holders of path, '' when unknown."""
+    if path is None:
+        return ""
+    pids = lock_holders(path)
+    if not pids:
+        return ""
+    out = []
+    for pid in pids[:3]:
+        state = _proc_state(pid)
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmd = " ".join(f.read().replace(b"\0", b" ").decode(errors="replace").split())
+        except OSError:
+            cmd = ""
+        how = "stopped" if state in ("T", "t") else "running"
+        out.append(f"pid {pid} ({how}{': ' + cmd[:60] if cmd else ''})")
+    return " by " + ", ".join(out)
+
+
+def _proc_state(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return ""
+
+
 def database_error(exc: BaseException, *, what: str | None = None,
                    timeout_s: float | None = None) -> DatabaseError | None:
     """The one-line DatabaseError for a driver error about access to the database, else None.
@@ -139,8 +204,9 @@ def database_error(exc: BaseException, *, what: str | None = None,
     low = text.lower()
     waited = f" (gave up after {timeout_s:g} s)" if timeout_s is not None else ""
     if "locked" in low or "lock timeout" in low:
-        return _fail(what, f"is locked by another process{waited}",
-                     "a process holds its write lock; `spotrun doctor` says which")
+        holders = describe_holders(Path(what)) if what.startswith("/") else ""
+        return _fail(what, f"is locked{holders or ' by another process'}{waited}",
+                     "a process holds its write lock: end it, or wake it if stopped")
     if "not a database" in low:
         return _fail(what, "is not a SQLite database (unreadable)",
                      "move it aside and restore a backup")
@@ -292,7 +358,8 @@ def _probe_sqlite(path: Path, what: str, timeout_s: float, latest: int) -> Probe
             conn.execute("ROLLBACK")
         except sqlite3.OperationalError as exc:
             if "locked" in str(exc) or "busy" in str(exc):
-                return Probe(False, "locked", f"database {what} is locked by another process "
+                holders = describe_holders(path) or " by another process"
+                return Probe(False, "locked", f"database {what} is locked{holders} "
                              f"(its write lock was not free for {timeout_s:g} s)", version)
             raise
     except sqlite3.Error as exc:

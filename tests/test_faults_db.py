@@ -150,10 +150,11 @@ def test_submit_against_a_frozen_write_lock_fails_in_one_line_and_leaves_no_bund
     (tmp_home / "spotrun.toml").write_text(FAST_DB)
     db = fresh_db(tmp_home / "spotrun.db")
     spec = _job_spec(tmp_path, workdir=True)
-    with FrozenLocker(db), _no_market_left(tmp_home):
+    with FrozenLocker(db) as locker, _no_market_left(tmp_home):
         proc = run_cli(tmp_home, "submit", str(spec))
         line = assert_one_line_failure(proc, "locked")
         assert "0.5" in line                 # says how long it waited
+        assert f"pid {locker.proc.pid} (stopped" in line    # and who holds the lock
         stored = list((tmp_home / "store").rglob("*")) if (tmp_home / "store").exists() else []
         assert [p for p in stored if p.is_file()] == []   # no bundle without a job row
         cancel = run_cli(tmp_home, "cancel", "nosuch")
@@ -293,6 +294,8 @@ def test_check_and_doctor_name_the_database_fault(fault: str, words: list[str],
         assert doctor.returncode == 1 and "Traceback" not in doctor.stderr, doctor.stderr
         db_lines = [ln for ln in doctor.stdout.splitlines() if ln.startswith("database")]
         assert len(db_lines) == 1 and all(w in db_lines[0] for w in words), doctor.stdout
+        if locker is not None:
+            assert f"pid {locker.proc.pid} (stopped" in db_lines[0]
         dj = run_cli(tmp_home, "doctor", "--json")
         checks = json.loads(dj.stdout)["checks"]
         assert [c["status"] for c in checks if c["name"] == "database"] == ["fix"]
