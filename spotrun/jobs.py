@@ -16,7 +16,7 @@ from spotrun import layout
 from spotrun.catalog import load_catalog
 from spotrun.config import Settings
 from spotrun.db import Job, add_event, find_job, new_job_id, session, utcnow
-from spotrun.errors import BadInputError, NotFoundError
+from spotrun.errors import BadInputError, NotFoundError, SpotrunError
 from spotrun.spec import JobSpec, load_spec_file
 from spotrun.states import JobState
 from spotrun.store import ProgressFn, open_store
@@ -58,6 +58,11 @@ def submit(sub: Submission, engine: Engine, progress: ProgressFn | None = None) 
     """
     from spotrun.dbfaults import check_writable
     check_writable(engine)
+    with session(engine) as s:
+        # Ids are random; a taken one must not have its bundle overwritten (or deleted below).
+        if s.get(Job, sub.job_id) is not None:
+            raise SpotrunError("job id already taken", field="job", value=sub.job_id,
+                               hint="submit again: a new id is drawn each time")
     bundle = None
     store = None
     if sub.spec.workdir:

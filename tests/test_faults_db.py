@@ -317,3 +317,30 @@ def test_check_and_doctor_say_ok_for_a_healthy_database(tmp_home: Path):
     assert check.returncode == 1 and "no daemon holds the lease" in json.loads(check.stdout)[
         "reason"]
     assert os.path.exists(tmp_home / "spotrun.db")
+
+
+def test_a_job_row_that_cannot_be_written_takes_its_bundle_with_it(tmp_home: Path,
+                                                                    tmp_path: Path):
+    from spotrun.config import load_settings
+    from spotrun.db import open_db
+    from spotrun.jobs import submit, validate_submission
+    settings = load_settings(str(tmp_home))
+    engine = open_db(settings.database_url)
+    # A real SQLite failure at the moment the row is written (after the upload).
+    with engine.begin() as conn:
+        conn.exec_driver_sql("CREATE TRIGGER refuse_jobs BEFORE INSERT ON job "
+                             "BEGIN SELECT RAISE(ABORT, 'refused by the fault test'); END")
+    sub = validate_submission(_job_spec(tmp_path, workdir=True), settings)
+    with pytest.raises(Exception, match="refused by the fault test"):
+        submit(sub, engine)
+    store = tmp_home / "store"
+    left = [p for p in store.rglob("*") if p.is_file()] if store.exists() else []
+    assert left == []                   # no bundle without its row
+    with engine.begin() as conn:
+        conn.exec_driver_sql("DROP TRIGGER refuse_jobs")
+    job = submit(sub, engine)           # the same submission once the database takes it
+    assert (store / "jobs" / job.id / "bundle.tar.gz").is_file()
+    with pytest.raises(Exception, match="already taken"):
+        submit(sub, engine)             # a taken id: its bundle is neither replaced nor lost
+    assert (store / "jobs" / job.id / "bundle.tar.gz").is_file()
+    engine.dispose()
