@@ -9,7 +9,6 @@ import json
 import os
 import secrets as _secrets
 from datetime import datetime, timezone
-from pathlib import Path
 from typing import Any, Iterator
 
 from sqlalchemy import DateTime, TypeDecorator, UniqueConstraint

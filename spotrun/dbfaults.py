@@ -382,9 +382,10 @@ def _version(execute: Any) -> int | None:
 
 
 def _probe_sqlalchemy(url: str, what: str, timeout_s: float, latest: int) -> Probe:
-    from sqlalchemy import create_engine, inspect, text
+    from sqlalchemy import inspect, text
+    from spotrun.db import make_engine
     try:
-        engine = create_engine(url, pool_pre_ping=True)
+        engine = make_engine(url, busy_timeout_s=timeout_s)   # bounded connect and lock waits
         try:
             with engine.connect() as conn:
                 version = None

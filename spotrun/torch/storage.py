@@ -19,7 +19,7 @@ import torch
 from spotrun.checkpoints import (TORCH_KIND, TORCH_META, Manifest, check_file, check_layout,
                                  checkpoint_name, read_manifest, torch_shard_name,
                                  write_manifest)
-from spotrun.errors import ChecksumMismatch, CheckpointError, ObjectNotFound, StoreError
+from spotrun.errors import CheckpointError, ObjectNotFound, StoreError
 from spotrun.store.base import ObjectStore, validate_key
 from spotrun.store.file import FileStore
 from spotrun.torch.snapshot import Snapshot
