@@ -344,3 +344,22 @@ def test_a_job_row_that_cannot_be_written_takes_its_bundle_with_it(tmp_home: Pat
         submit(sub, engine)             # a taken id: its bundle is neither replaced nor lost
     assert (store / "jobs" / job.id / "bundle.tar.gz").is_file()
     engine.dispose()
+
+
+def test_an_unreachable_postgresql_server_is_one_line(tmp_home: Path):
+    pytest.importorskip("psycopg")
+    import socket
+    with socket.socket() as s:          # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    url = f"postgresql+psycopg://spotrun:secretpw@127.0.0.1:{port}/spotrun"
+    (tmp_home / "spotrun.toml").write_text(FAST_DB)
+    env = cli_env(tmp_home, SPOTRUN_DB_URL=url)
+    for args in (["status"], ["daemon", "--check"], ["doctor"]):
+        proc = subprocess.run([sys.executable, "-m", "spotrun", *args], env=env, text=True,
+                              capture_output=True, timeout=120)
+        assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+        assert "secretpw" not in proc.stdout + proc.stderr     # never echo the password
+        said = proc.stderr if args == ["status"] else proc.stdout
+        assert f"127.0.0.1:{port}" in said and "unreachable" in said, said
+    assert sorted(p.name for p in tmp_home.iterdir()) == ["spotrun.toml"]
