@@ -61,8 +61,16 @@ def write_manifest(store: ObjectStore, step: int, files: dict[str, dict[str, Any
     # Conditional put: publishing is a create, so a late or duplicate writer of the same step
     # cannot silently replace a manifest another writer made.
     if not store.put_if_absent(key, m.to_json()):
-        existing = read_manifest(store, name)
-        if existing.files == files:
+        try:
+            existing = read_manifest(store, name)
+        except ObjectNotFound:
+            existing = None     # deleted meanwhile (retention): publish ours
+        except StoreError as exc:
+            # A manifest that does not parse describes nothing: ours replaces it, else every
+            # later save of this step would fail on it forever.
+            log.warning("replacing corrupt manifest of %s: %s", name, exc)
+            existing = None
+        if existing is not None and existing.files == files:
             return existing
         # The same step was saved again with other bytes: its files now match this manifest.
         store.put_bytes(key, m.to_json())
@@ -91,20 +99,113 @@ def read_manifest(store: ObjectStore, name: str) -> Manifest:
         raise StoreError(f"corrupt manifest: {exc}", field="checkpoint", value=name) from None
 
 
+TORCH_KIND = "spotrun.torch/1"     # written by spotrun.torch.storage
+TORCH_META = "meta.json"
+
+
+def torch_shard_name(i: int) -> str:
+    """The i-th data shard of a spotrun.torch checkpoint."""
+    return f"data-{i:03d}.bin"
+
+
+def check_file(name: str, fname: str, expected: dict[str, Any], size: int,
+               sha256: str | None) -> None:
+    """One file against its manifest entry (sha256=None: not read yet); raises ChecksumMismatch."""
+    if size != int(expected["size"]):
+        raise ChecksumMismatch(f"size {size} != {expected['size']}", field="checkpoint",
+                               value=f"{name}/{fname}")
+    if sha256 is not None and sha256 != expected["sha256"]:
+        raise ChecksumMismatch("sha256 differs", field="checkpoint", value=f"{name}/{fname}")
+
+
+def check_layout(m: Manifest, meta: dict[str, Any] | None = None) -> list[str]:
+    """The shape rules of a checkpoint's kind; the data files in read order.
+
+    For spotrun.torch checkpoints: meta.json and every shard are in the manifest and the
+    shards add up to the buffer size meta.json (when given) and the manifest state.
+    Other kinds (a user's own files): every listed file, in name order.
+    """
+    if m.extra.get("kind") != TORCH_KIND:
+        return sorted(m.files)
+    if TORCH_META not in m.files:
+        raise ChecksumMismatch("meta.json not in manifest", field="checkpoint", value=m.name)
+    try:
+        shards = [torch_shard_name(i) for i in range(int(m.extra.get("shards", 1)))]
+        nbytes = int(meta["nbytes"]) if meta is not None else int(m.extra["nbytes"])
+        total = 0
+        for fname in shards:
+            if fname not in m.files:
+                raise ChecksumMismatch("shard not in manifest", field="checkpoint",
+                                       value=f"{m.name}/{fname}")
+            total += int(m.files[fname]["size"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise StoreError(f"corrupt manifest: {exc}", field="checkpoint", value=m.name) from None
+    if total != nbytes or ("nbytes" in m.extra and int(m.extra["nbytes"]) != nbytes):
+        raise ChecksumMismatch(f"shards hold {total} bytes, meta says {nbytes}",
+                               field="checkpoint", value=m.name)
+    return shards
+
+
 def verify(store: ObjectStore, name: str, *, deep: bool = True) -> Manifest:
-    """Check every file's size (and SHA256 when deep); raises ChecksumMismatch."""
+    """Check layout and every file's size (and SHA256 when deep); raises ChecksumMismatch.
+
+    With deep=True this is exactly what a restore checks (spotrun.torch.storage reads data
+    through the same check_file / check_layout), so a checkpoint that verifies here is the
+    one a job resumes from.
+    """
     m = read_manifest(store, name)
     listed = {o.key.rsplit("/", 1)[-1]: o.size for o in store.list(f"{name}/")}
-    for fname, meta in m.files.items():
+    meta_doc = None
+    for fname, meta in sorted(m.files.items()):
         size = listed.get(fname)
         if size is None:
             raise ChecksumMismatch("file missing", field="checkpoint", value=f"{name}/{fname}")
-        if size != meta["size"]:
-            raise ChecksumMismatch(f"size {size} != {meta['size']}", field="checkpoint",
-                                   value=f"{name}/{fname}")
-        if deep and sha256_hex(store.get_bytes(f"{name}/{fname}")) != meta["sha256"]:
-            raise ChecksumMismatch("sha256 differs", field="checkpoint", value=f"{name}/{fname}")
+        check_file(name, fname, meta, size, None)
+        if deep:
+            data = store.get_bytes(f"{name}/{fname}")
+            check_file(name, fname, meta, len(data), sha256_hex(data))
+            if fname == TORCH_META and m.extra.get("kind") == TORCH_KIND:
+                try:
+                    meta_doc = json.loads(data)
+                except ValueError as exc:
+                    raise StoreError(f"corrupt meta.json: {exc}", field="checkpoint",
+                                     value=name) from None
+    check_layout(m, meta_doc)
     return m
+
+
+_VERIFIED: dict[tuple[Any, ...], Manifest] = {}
+_VERIFIED_MAX = 256
+
+
+def resume_point(store: ObjectStore) -> Manifest | None:
+    """The checkpoint a job resumes from: the newest that verifies in full (sizes, SHA256,
+    layout), as the agent and the training library judge it. The daemon calls this for the
+    resume step it shows, so `status` names the step the job really resumes from.
+
+    A verdict is remembered per manifest and listing (same bytes, same sizes), so the daemon
+    reads a checkpoint's data once, not at every launch.
+    """
+    for name in reversed(list_complete(store)):
+        try:
+            raw = store.get_bytes(f"{name}/{MANIFEST}")
+            sizes = tuple((o.key, o.size) for o in store.list(f"{name}/"))
+        except (ObjectNotFound, StoreError) as exc:
+            log.warning("skipping checkpoint %s: %s", name, exc)
+            continue
+        key = (store.uri, name, sha256_hex(raw), sizes)
+        if key in _VERIFIED:
+            return _VERIFIED[key]
+        try:
+            m = verify(store, name, deep=True)
+        except (ChecksumMismatch, ObjectNotFound, StoreError) as exc:
+            log.warning("skipping checkpoint %s: %s", name, exc)
+            continue
+        if len(_VERIFIED) >= _VERIFIED_MAX:
+            _VERIFIED.pop(next(iter(_VERIFIED)))
+        _VERIFIED[key] = m
+        return m
+    return None
 
 
 def list_names(store: ObjectStore) -> list[str]:

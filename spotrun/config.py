@@ -97,6 +97,7 @@ class Settings:
     db_url: str = ""                 # any SQLAlchemy URL; "" = sqlite under home
     store_uri: str = ""              # file:///abs/path or s3://bucket/prefix; "" = home/store
     provider: str = "local"          # key of spotrun.providers.PROVIDERS
+    db_busy_timeout_s: float = 10.0  # longest wait for a database lock (open, read, write)
     region: str = "us-east-1"
     local: LocalMarketSettings = field(default_factory=LocalMarketSettings)
     daemon: DaemonSettings = field(default_factory=DaemonSettings)
@@ -140,7 +141,18 @@ def load_settings(home: str | None = None, overrides: dict[str, Any] | None = No
         raw["db_url"] = os.environ["SPOTRUN_DB_URL"]
     for key, value in (overrides or {}).items():
         _set_dotted(raw, key, value)
-    return _build(Settings, raw, "")
+    settings = _build(Settings, raw, "")
+    _check_provider(settings.provider)
+    return settings
+
+
+def _check_provider(name: str) -> None:
+    # Checked with the settings, before any verb opens the database or starts a market:
+    # bad input writes nothing.
+    from spotrun.providers import PROVIDERS
+    if name not in PROVIDERS:
+        raise ConfigError(f"unknown provider; allowed: {', '.join(PROVIDERS)}",
+                          field="provider", value=name)
 
 
 def with_overrides(settings: Settings, **changes: Any) -> Settings:

@@ -9,7 +9,6 @@ import json
 import os
 import secrets as _secrets
 from datetime import datetime, timezone
-from pathlib import Path
 from typing import Any, Iterator
 
 from sqlalchemy import DateTime, TypeDecorator, UniqueConstraint
@@ -17,6 +16,7 @@ from sqlalchemy import event as sa_event
 from sqlalchemy.engine import Engine
 from sqlmodel import Field, Session, SQLModel, create_engine, select
 
+from spotrun.errors import ConfigError
 from spotrun.states import AttemptState, EndReason, JobState, Market
 
 SCHEMA_VERSION = 1
@@ -185,48 +185,94 @@ class Meta(SQLModel, table=True):
 
 # ---------------------------------------------------------------- engine
 
-def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
-    cur = dbapi_conn.cursor()
-    # WAL lets the CLI read while the daemon writes; the timeout rides out short write locks.
-    cur.execute("PRAGMA journal_mode=WAL")
-    cur.execute("PRAGMA busy_timeout=10000")
-    cur.execute("PRAGMA foreign_keys=ON")
-    cur.close()
+DEFAULT_BUSY_TIMEOUT_S = 10.0   # settings.db_busy_timeout_s overrides it
 
 
-def make_engine(url: str) -> Engine:
-    """An engine for url with SQLite tuned for one writer and many readers."""
-    if url.startswith("sqlite:///"):
-        path = Path(url[len("sqlite:///"):])
+def _sqlite_pragmas(busy_timeout_s: float) -> Any:
+    def on_connect(dbapi_conn: Any, _record: Any) -> None:
+        cur = dbapi_conn.cursor()
+        # The timeout first, so even switching to WAL waits out a racing opener.
+        cur.execute(f"PRAGMA busy_timeout={int(busy_timeout_s * 1000)}")
+        # WAL lets the CLI read while the daemon writes.
+        cur.execute("PRAGMA journal_mode=WAL")
+        cur.execute("PRAGMA foreign_keys=ON")
+        cur.close()
+    return on_connect
+
+
+def make_engine(url: str, *, busy_timeout_s: float | None = None) -> Engine:
+    """An engine for url with SQLite tuned for one writer and many readers (no schema work).
+
+    Every lock wait is bounded by busy_timeout_s; a file that cannot be a database, or a URL
+    that cannot be parsed, is refused here with one clear line.
+    """
+    from spotrun.dbfaults import check_sqlite_file, remember, sqlite_path
+    timeout_s = DEFAULT_BUSY_TIMEOUT_S if busy_timeout_s is None else busy_timeout_s
+    remember(url, timeout_s)
+    path = sqlite_path(url)
+    if path is not None:
+        check_sqlite_file(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         if not path.exists():
             # The database holds the job history and spend: readable by its owner only.
             fd = os.open(path, os.O_CREAT | os.O_WRONLY, 0o600)
             os.close(fd)
-        engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 10})
-        sa_event.listen(engine, "connect", _sqlite_pragmas)
-    else:
-        engine = create_engine(url, pool_pre_ping=True)
-    return engine
+        engine = create_engine(url, connect_args={"check_same_thread": False,
+                                                  "timeout": timeout_s})
+        sa_event.listen(engine, "connect", _sqlite_pragmas(timeout_s))
+        return engine
+    from sqlalchemy.exc import ArgumentError, NoSuchModuleError
+    try:
+        connect_args: dict[str, Any] = {}
+        if url.startswith("postgresql"):
+            # Bounded waits on PostgreSQL too: for locks and for the connection itself.
+            connect_args = {"options": f"-c lock_timeout={max(1, int(timeout_s * 1000))}",
+                            "connect_timeout": max(2, int(timeout_s + 0.999))}
+        return create_engine(url, pool_pre_ping=True, connect_args=connect_args)
+    except (ArgumentError, NoSuchModuleError, ValueError) as exc:
+        raise ConfigError(f"not a usable database URL ({exc})", field="db_url",
+                          value=url.split("@")[-1],
+                          hint="sqlite:///ABS/PATH or postgresql+psycopg://USER@HOST/DB; "
+                               "set in spotrun.toml or SPOTRUN_DB_URL") from None
 
 
-def init_db(engine: Engine) -> None:
-    """Create missing tables and record the schema version."""
-    SQLModel.metadata.create_all(engine)
-    with Session(engine) as s:
-        if s.get(Meta, "schema_version") is None:
-            s.add(Meta(key="schema_version", value=str(SCHEMA_VERSION)))
-            s.commit()
-    # A database made by an older spotrun gains the columns added since (spotrun.migrations).
+def init_db(engine: Engine, *, busy_timeout_s: float | None = None) -> None:
+    """Create missing tables, upgrade an older schema, record the version (several processes
+    may do this at once: it runs under the schema lock, with a bounded wait)."""
+    from spotrun.dbfaults import database_error, schema_lock
     from spotrun.migrations import upgrade
-    upgrade(engine)
+    timeout_s = DEFAULT_BUSY_TIMEOUT_S if busy_timeout_s is None else busy_timeout_s
+    try:
+        with schema_lock(engine, timeout_s):
+            upgrade(engine)
+    except Exception as exc:
+        err = database_error(exc, timeout_s=timeout_s)
+        if err is None:
+            raise
+        raise err from None
 
 
-def open_db(url: str) -> Engine:
-    """make_engine + init_db."""
-    engine = make_engine(url)
-    init_db(engine)
+def open_db(url: str, *, busy_timeout_s: float | None = None) -> Engine:
+    """make_engine + init_db: a database ready for use, or one clear DatabaseError."""
+    engine = make_engine(url, busy_timeout_s=busy_timeout_s)
+    try:
+        init_db(engine, busy_timeout_s=busy_timeout_s)
+    except BaseException:
+        engine.dispose()
+        raise
     return engine
+
+
+def open_settings_db(settings: Any) -> Engine:
+    """open_db for settings: its database URL and its `db_busy_timeout_s`."""
+    return open_db(settings.database_url, busy_timeout_s=settings.db_busy_timeout_s)
+
+
+def database_missing(settings: Any) -> bool:
+    """True when the settings' SQLite database file does not exist yet (nothing to look up)."""
+    from spotrun.dbfaults import sqlite_path
+    path = sqlite_path(settings.database_url)
+    return path is not None and not path.exists() and not path.is_dir()
 
 
 def session(engine: Engine) -> Session:

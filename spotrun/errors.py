@@ -54,6 +54,10 @@ class NotFoundError(BadInputError):
     """A job, attempt or object the user named does not exist."""
 
 
+class DatabaseError(SpotrunError):
+    """The state database cannot be opened, read or written (broken, locked, newer, away)."""
+
+
 class ProviderError(SpotrunError):
     """A cloud provider call failed in a way that is not about capacity."""
 

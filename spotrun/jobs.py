@@ -16,7 +16,7 @@ from spotrun import layout
 from spotrun.catalog import load_catalog
 from spotrun.config import Settings
 from spotrun.db import Job, add_event, find_job, new_job_id, session, utcnow
-from spotrun.errors import BadInputError, NotFoundError
+from spotrun.errors import BadInputError, NotFoundError, SpotrunError
 from spotrun.spec import JobSpec, load_spec_file
 from spotrun.states import JobState
 from spotrun.store import ProgressFn, open_store
@@ -63,8 +63,24 @@ def refuse_never_runs(spec: JobSpec, settings: Settings, catalog: Any,
 
 
 def submit(sub: Submission, engine: Engine, progress: ProgressFn | None = None) -> Job:
-    """Upload the code bundle, then record the job as queued."""
+    """Upload the code bundle, then record the job as queued: both or neither.
+
+    The database's write lock is taken once first (bounded wait), so a locked database fails
+    before anything is uploaded; a row that then cannot be written takes its bundle with it.
+    (The other order, a row in a 'submitting' state first, would show the daemon a job whose
+    code may never arrive, and a new state every reader must skip.) Only a process killed
+    between the upload and the commit can leave a bundle behind: under its own fresh job id,
+    referenced by no row, so nothing ever reads it.
+    """
+    from spotrun.dbfaults import check_writable
+    check_writable(engine)
+    with session(engine) as s:
+        # Ids are random; a taken one must not have its bundle overwritten (or deleted below).
+        if s.get(Job, sub.job_id) is not None:
+            raise SpotrunError("job id already taken", field="job", value=sub.job_id,
+                               hint="submit again: a new id is drawn each time")
     bundle = None
+    store = None
     if sub.spec.workdir:
         from spotrun.bundle import make_bundle
         import tempfile
@@ -78,11 +94,23 @@ def submit(sub: Submission, engine: Engine, progress: ProgressFn | None = None) 
               spec_json=json.dumps(sub.spec.to_dict(), sort_keys=True),
               store_uri=sub.store_uri, checkpoint_uri=sub.checkpoint_uri, bundle_key=bundle,
               budget_usd=sub.spec.policy.budget_usd, total_steps=sub.spec.work.total_steps)
-    with session(engine) as s:
-        s.add(job)
-        add_event(s, job.id, "submitted", f"spec {sub.spec.name}")
-        s.commit()
+    try:
+        with session(engine) as s:
+            s.add(job)
+            add_event(s, job.id, "submitted", f"spec {sub.spec.name}")
+            s.commit()
+    except BaseException:
+        if store is not None and bundle is not None:
+            _drop_bundle(store, bundle)
+        raise
     return job
+
+
+def _drop_bundle(store: Any, key: str) -> None:
+    try:
+        store.delete(key)
+    except Exception:  # the row error is the one to report; a stray bundle is read by no one
+        pass
 
 
 def request_cancel(engine: Engine, ref: str) -> Job:

@@ -132,9 +132,8 @@ def test_two_daemon_processes_one_waits_then_takes_over(tmp_home: Path, tmp_path
         b = DaemonProc(tmp_home, log_b)
         wait_for(lambda: _count(log_b, "lease_waiting"), 30, "daemon B to wait")
         assert _count(log_b, "lease_acquired") == 0
-        # A dies without releasing: B takes over. (A frozen with SIGSTOP is covered by the
-        # expiry tests above; a frozen process may hold SQLite's write lock, which would
-        # block any writer, so a process test of it would be flaky by nature.)
+        # A dies without releasing: B takes over. (A holder frozen with SIGSTOP while it
+        # holds SQLite's write lock: tests/test_faults_db.py.)
         a.kill()
         wait_for(lambda: _count(log_b, "lease_acquired"), 30, "daemon B to take over")
         assert b.proc.poll() is None

@@ -11,7 +11,7 @@ from tenacity import Retrying, retry_if_not_exception_type, stop_after_attempt, 
 
 from spotrun.agent.config import AgentConfig
 from spotrun.bundle import extract_bundle
-from spotrun.checkpoints import latest_verified
+from spotrun.checkpoints import resume_point
 from spotrun.errors import ObjectNotFound
 from spotrun.secrets import ClientFactory, resolve_secrets
 from spotrun.store import open_store
@@ -78,7 +78,7 @@ def find_resume_point(config: AgentConfig,
                       checkpoint_store: ObjectStore | None = None) -> str | None:
     """Name of the newest checkpoint that verifies, or None for a fresh start."""
     ckpt_store = checkpoint_store or open_store(config.checkpoint_uri)
-    manifest = latest_verified(ckpt_store)
+    manifest = resume_point(ckpt_store)
     return manifest.name if manifest else None
 
 

@@ -80,6 +80,14 @@ class LazyGroup(click.Group):
         except SpotrunError as exc:
             click.echo(f"error: {exc}"[:500], err=True)
             ctx.exit(exc.exit_code)
+        except Exception as exc:
+            # A database that turns locked, broken or unreachable mid-verb: one line, exit 1.
+            from spotrun.dbfaults import database_error
+            err = database_error(exc)
+            if err is None:
+                raise
+            click.echo(f"error: {err}"[:500], err=True)
+            ctx.exit(err.exit_code)
 
 
 def _unavailable(name: str) -> click.Command:

@@ -16,8 +16,8 @@ from spotrun.audit import audit_jobs
 from spotrun.audit.regret import use_observed_model
 from spotrun.audit.render import TABLE_COLUMNS, cell, flat, to_csv, totals
 from spotrun.catalog import load_catalog
-from spotrun.cli.common import echo_json, get_settings
-from spotrun.db import open_db, session
+from spotrun.cli.common import echo_json, get_settings, open_state_db
+from spotrun.db import session
 from spotrun.errors import BadInputError
 
 
@@ -67,7 +67,7 @@ def audit(jobs: tuple[str, ...], since: str | None, until: str | None, as_json: 
         raise BadInputError("allowed: a file name ending in .png", field="--plot", value=plot_file)
     settings = get_settings()
     use_observed_model(settings)
-    engine = open_db(settings.database_url)
+    engine = open_state_db(settings, jobs[0] if jobs else None)
     with session(engine) as s:
         result = audit_jobs(s, list(jobs), since=t_since, until=t_until,
                             od_price=catalog_od_price(settings.region))
@@ -98,7 +98,7 @@ def _reconcile(refs: list[str], as_json: bool, bad: object) -> None:
     # Cost Explorer has one endpoint, in us-east-1, whatever region the instances ran in.
     ce = make_client("ce", region="us-east-1", endpoint_url=settings.aws.endpoint_url)
     policy = RetryPolicy.from_settings(settings.aws)
-    engine = open_db(settings.database_url)
+    engine = open_state_db(settings, refs[0] if refs else None)
     with session(engine) as s:
         jobs = _jobs(s, refs)
         lines = reconcile(s, jobs, ce, now=utcnow(),

@@ -5,16 +5,33 @@ from __future__ import annotations
 import json
 from datetime import datetime
 from enum import Enum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from spotrun.config import Settings, load_settings
 
+if TYPE_CHECKING:
+    from sqlalchemy.engine import Engine
+
 
 def get_settings() -> Settings:
     """Settings for this invocation ($SPOTRUN_HOME, spotrun.toml)."""
     return load_settings()
+
+
+def open_state_db(settings: Settings, job_ref: str | None = None) -> "Engine":
+    """The state database for a verb (bounded waits from settings).
+
+    A verb that looks up job_ref on a home with no database yet finds nothing, and creates
+    nothing: bad input writes nothing.
+    """
+    from spotrun.db import database_missing, open_settings_db
+    if job_ref is not None and database_missing(settings):
+        from spotrun.errors import NotFoundError
+        raise NotFoundError(f"no such job {job_ref!r}", field="JOB", value=job_ref,
+                            hint="no job has been submitted to this database yet")
+    return open_settings_db(settings)
 
 
 def json_default(o: Any) -> Any:

@@ -13,7 +13,8 @@ from spotrun.cli.common import echo_json, get_settings
 @click.option("--once", is_flag=True, help="Run every loop one time and exit.")
 @click.option("--check", is_flag=True,
               help="Health check: a daemon holds this database's lease now; exit 0/1 "
-                   "with the reason.")
+                   "with the reason (also: database unreadable, locked, newer schema). "
+                   "Writes nothing.")
 def daemon(once: bool, check: bool) -> None:
     """Run the daemon in the foreground (logs: JSON lines on stdout).
 

@@ -1,4 +1,4 @@
-"""`spotrun doctor`: check AWS credentials, quotas and resources; say what to fix."""
+"""`spotrun doctor`: check the state database, then cloud credentials, quotas and resources."""
 
 from __future__ import annotations
 
@@ -7,33 +7,46 @@ import click
 from spotrun.cli.common import echo_json, get_settings, json_option
 
 
+def database_check(settings) -> dict[str, str]:
+    """One report line about the state database: readable, lock free, schema not newer."""
+    from spotrun.dbfaults import probe
+    from spotrun.migrations import LATEST
+    look = probe(settings.database_url, timeout_s=settings.db_busy_timeout_s, latest=LATEST)
+    # A missing database is made by the first command; an older one is upgraded on open.
+    fine = look.ok or look.kind in ("missing", "older")
+    return {"name": "database", "status": "ok" if fine else "fix", "detail": look.message}
+
+
 @click.command(name="doctor")
 @json_option
 def doctor(as_json: bool) -> None:
-    """Check cloud credentials, quotas and resources; one line each, exit 1 if any needs a fix."""
-    from spotrun.providers.aws_doctor import AwsDoctor, Status  # boto3 only when asked for
-
+    """Check the database, cloud credentials, quotas and resources; one line each, exit 1 if
+    any needs a fix."""
     settings = get_settings()
+    db = database_check(settings)
     if settings.provider != "aws":
         checks = []
         message = f"provider is {settings.provider!r}: nothing to check in a cloud"
     else:
+        from spotrun.providers.aws_doctor import AwsDoctor  # boto3 only when asked for
         checks = AwsDoctor(settings).run()
         message = ""
     if as_json:
-        echo_json({"provider": settings.provider, "checks": [c.to_dict() for c in checks],
-                   "message": message})
+        echo_json({"provider": settings.provider,
+                   "checks": [db] + [c.to_dict() for c in checks], "message": message})
     else:
         from rich.console import Console
         from rich.table import Table
 
+        click.echo(f"database  {db['status']}  {db['detail']}")
         if message:
             click.echo(message)
         else:
+            from spotrun.providers.aws_doctor import Status
             table = Table("check", "status", "detail", show_lines=False)
             style = {Status.OK: "green", Status.FIX: "red", Status.UNKNOWN: "yellow"}
             for c in checks:
                 table.add_row(c.name, f"[{style[c.status]}]{c.status.value}[/]", c.detail)
             Console(width=160).print(table)
-    if any(c.status is Status.FIX for c in checks):
+    if db["status"] == "fix" or any(c.status.value == "fix" for c in checks):
         raise SystemExit(1)

@@ -11,8 +11,8 @@ from rich.progress import BarColumn, DownloadColumn, Progress, TransferSpeedColu
 from rich.table import Table
 
 from spotrun import layout
-from spotrun.cli.common import echo_json, get_settings, json_option
-from spotrun.db import Attempt, Event, Job, attempts_of, find_job, iter_jobs, open_db, session
+from spotrun.cli.common import echo_json, get_settings, json_option, open_state_db
+from spotrun.db import Attempt, Event, Job, attempts_of, find_job, iter_jobs, session
 from spotrun.errors import NotFoundError
 from spotrun.jobs import request_cancel, resume_job, submit as submit_job, validate_submission
 from spotrun.store import open_store
@@ -41,7 +41,7 @@ def submit(spec_file: str, dry_run: bool, as_json: bool) -> None:
             from spotrun.cli.dryrun import print_plan
             print_plan(plan)
         return
-    engine = open_db(settings.database_url)
+    engine = open_state_db(settings)
     console = Console(stderr=True)
     if sub.spec.workdir and console.is_terminal and not as_json:
         with Progress("[progress.description]{task.description}", BarColumn(), DownloadColumn(),
@@ -84,7 +84,7 @@ def job_dict(job: Job, attempts: list[Attempt]) -> dict[str, Any]:
 def status(job_ref: str | None, show_events: bool, as_json: bool) -> None:
     """Show all jobs, or one job's timeline of attempts (JOB_REF: id or name)."""
     settings = get_settings()
-    engine = open_db(settings.database_url)
+    engine = open_state_db(settings, job_ref)
     with session(engine) as s:
         if job_ref:
             job = find_job(s, job_ref)
@@ -168,7 +168,7 @@ def _span(start: Any, end: Any) -> str:
 def logs(job_ref: str, attempt_no: int | None, follow: bool, poll_s: float) -> None:
     """Print a job's output (all attempts in order), read from the store."""
     settings = get_settings()
-    engine = open_db(settings.database_url)
+    engine = open_state_db(settings, job_ref)
     with session(engine) as s:
         job = find_job(s, job_ref)
         if job is None:
@@ -203,7 +203,7 @@ def _segments(store: Any, job_id: str, attempt_no: int | None) -> list[str]:
 def cancel(job_ref: str, as_json: bool) -> None:
     """Cancel a job: the daemon terminates its instances (idempotent)."""
     settings = get_settings()
-    job = request_cancel(open_db(settings.database_url), job_ref)
+    job = request_cancel(open_state_db(settings, job_ref), job_ref)
     if as_json:
         echo_json({"id": job.id, "state": job.state.value, "cancel_requested": job.cancel_requested})
     elif job.state.is_terminal():
@@ -218,7 +218,7 @@ def cancel(job_ref: str, as_json: bool) -> None:
 def resume(job_ref: str, budget_usd: float | None) -> None:
     """Resume a budget_exhausted or failed job from its last checkpoint."""
     settings = get_settings()
-    job = resume_job(open_db(settings.database_url), job_ref, budget_usd)
+    job = resume_job(open_state_db(settings, job_ref), job_ref, budget_usd)
     click.echo(f"{job.id} {job.state.value}" + (f" budget ${job.budget_usd:g}"
                                                  if job.budget_usd else ""))
 

@@ -16,7 +16,7 @@ from spotrun.daemon.runner import Runner, Scheduled
 from spotrun.daemon.prices import PriceLoop
 from spotrun.daemon.spend import SpendLoop
 from spotrun.daemon.scheduler import SchedulerLoop
-from spotrun.db import open_db
+from spotrun.db import open_settings_db
 from spotrun.providers import make_provider
 from spotrun.providers.base import Provider
 from spotrun.store import open_store
@@ -35,7 +35,7 @@ def configure_logging(level: int = logging.INFO, stream: Any = None) -> None:
 def build_context(settings: Settings, *, provider: Provider | None = None,
                   store: ObjectStore | None = None, clock: Clock | None = None) -> DaemonContext:
     """The daemon's shared handles from settings (anything passed in wins)."""
-    engine = open_db(settings.database_url)
+    engine = open_settings_db(settings)
     return DaemonContext(engine=engine, settings=settings,
                          provider=provider or make_provider(settings),
                          store=store or open_store(settings.store_url),

@@ -48,11 +48,12 @@ class DaemonContext:
         return facts_for(self.settings).time_scale(self.settings)
 
     def checkpointed_step(self, job_id: str, checkpoint_uri: str, fallback: int) -> int:
-        """The newest complete checkpoint's step: where the next attempt resumes."""
-        from spotrun.checkpoints import latest_verified
+        """The newest checkpoint that verifies as the agent and library verify it: where the
+        next attempt really resumes."""
+        from spotrun.checkpoints import resume_point
         from spotrun.errors import StoreError
         try:
-            m = latest_verified(self.store_for(checkpoint_uri), deep=False)
+            m = resume_point(self.store_for(checkpoint_uri))
         except StoreError as exc:
             self.log.warning("checkpoint_list_failed", job=job_id, error=str(exc))
             return fallback

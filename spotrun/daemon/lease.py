@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import signal
 import socket
 import threading
 import time
@@ -68,10 +69,26 @@ class LeaseInfo:
         """True once the holder has not renewed in time."""
         return datetime.fromisoformat(self.expires_at) <= now
 
+    def holder_frozen_here(self) -> bool:
+        """True when the holder is a process on this boot of this host that is stopped
+        (SIGSTOP, a debugger): alive, the same process (start ticks), but not running."""
+        return (self.host == socket.gethostname() and self.boot_id == boot_id()
+                and bool(self.boot_id) and procs.is_alive(self.pid, self.pid_start_ticks)
+                and _stopped(self.pid))
+
     def holder_dead_here(self) -> bool:
         """True when the holder was a process on this boot of this host that no longer runs."""
         return (self.host == socket.gethostname() and self.boot_id == boot_id()
                 and bool(self.boot_id) and not procs.is_alive(self.pid, self.pid_start_ticks))
+
+
+def _stopped(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state in ("T", "t")
 
 
 class Lease:
@@ -171,7 +188,8 @@ def wait_for_lease(lease: Lease, *, poll_s: float, stop: threading.Event,
                 log.info("lease_acquired", owner=lease.owner)
                 return True
         except DBAPIError as exc:   # database busy or away: try again
-            log.warning("lease_check_failed", error=str(exc))
+            log.warning("lease_check_failed", error=str(exc).splitlines()[0])
+            _break_frozen_holder(lease, log)
         if not told:
             h = lease.holder()
             log.info("lease_waiting", holder=h.owner if h else None,
@@ -179,6 +197,30 @@ def wait_for_lease(lease: Lease, *, poll_s: float, stop: threading.Event,
             told = True
         stop.wait(poll_s)
     return False
+
+
+def _break_frozen_holder(lease: Lease, log: Any) -> bool:
+    """Kill an expired lease holder frozen on this host (it may hold SQLite's write lock).
+
+    A stopped process keeps its locks, so nobody could ever write again; its lease has
+    expired, so it must not act any more anyway (woken, it would find the lease lost and
+    exit 1). SIGKILL frees the lock; the killed daemon's instances are reconciled as after
+    any crash. Only the exact process named by the lease (pid and start time) is touched.
+    """
+    try:
+        h = lease.holder()
+    except DBAPIError:
+        return False
+    if h is None or h.owner == lease.owner or not h.expired(lease.clock.now()) \
+            or not h.holder_frozen_here():
+        return False
+    try:
+        os.kill(h.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        return False
+    log.warning("lease_holder_killed", holder=h.owner, pid=h.pid, expires_at=h.expires_at,
+                reason="expired lease holder is frozen (stopped) and blocks the database")
+    return True
 
 
 class LeaseKeeper:

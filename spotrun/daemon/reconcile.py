@@ -95,6 +95,8 @@ class ReconcileLoop:
         else:
             cause = info.cause.value if info.cause else "unknown"
             reason, detail = EndReason.LOST, f"instance ended ({cause}) without a report"
+        # Verifying reads the newest checkpoint's data: do it before the write transaction.
+        saved = self.ctx.checkpointed_step(job.id, job.checkpoint_uri, job.last_step)
         with session(self.ctx.engine) as s:
             a = s.get(Attempt, att.id)
             if a.state is AttemptState.TERMINATING and a.end_reason is not None \
@@ -111,8 +113,7 @@ class ReconcileLoop:
                       attempt_id=a.id)
             j = s.get(Job, a.job_id)
             # A save made after the last heartbeat (the notice's, a budget stop's) counts too.
-            j.last_step = max(j.last_step, self.ctx.checkpointed_step(j.id, j.checkpoint_uri,
-                                                                      j.last_step))
+            j.last_step = max(j.last_step, saved)
             self._advance_job(s, j, a, reason, now)
             s.commit()
 

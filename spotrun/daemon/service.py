@@ -10,7 +10,6 @@ import signal
 import threading
 from dataclasses import asdict, replace
 from datetime import datetime, timezone
-from pathlib import Path
 from typing import Any
 
 import structlog
@@ -113,21 +112,31 @@ def _reload(ctx: DaemonContext, runner: Any, lease: Lease, keeper: LeaseKeeper,
 
 
 def health(settings: Settings) -> tuple[bool, str, dict[str, Any]]:
-    """`spotrun daemon --check`: is a daemon holding this database's lease right now?"""
+    """`spotrun daemon --check`: is a daemon holding this database's lease right now?
+
+    Writes nothing: a broken, locked or newer database is named from a read-only look.
+    """
+    from spotrun.dbfaults import database_error, probe
+    from spotrun.migrations import LATEST
     url = settings.database_url
-    if url.startswith("sqlite:///") and not Path(url[len("sqlite:///"):]).exists():
+    look = probe(url, timeout_s=settings.db_busy_timeout_s, latest=LATEST)
+    if look.kind == "missing":
         return False, f"no database at {url}", {}
+    detail: dict[str, Any] = {"database": url.split("@")[-1],
+                              "schema_version": look.schema_version}
+    if not look.ok:
+        return False, look.message, detail
     try:
-        from spotrun.db import open_db
-        from spotrun.migrations import LATEST, stored_version
-        engine = open_db(url)
-        version = stored_version(engine)
-        holder = Lease(engine, ttl_s=settings.daemon.lease_ttl_s).holder()
+        from spotrun.db import make_engine
+        engine = make_engine(url, busy_timeout_s=settings.db_busy_timeout_s)
+        try:
+            holder = Lease(engine, ttl_s=settings.daemon.lease_ttl_s).holder()
+        finally:
+            engine.dispose()
     except Exception as exc:  # any failure to reach the database is the answer itself
-        return False, f"database unreachable: {type(exc).__name__}: {exc}", {}
-    detail: dict[str, Any] = {"database": url.split("@")[-1], "schema_version": version}
-    if version != LATEST:
-        return False, f"schema v{version}, expected v{LATEST}", detail
+        err = database_error(exc)
+        return False, (f"database {err.message}" if err else
+                       f"database unreachable: {type(exc).__name__}: {exc}"), detail
     if holder is None:
         return False, "no daemon holds the lease", detail
     detail["lease"] = asdict(holder)

@@ -16,16 +16,18 @@ from typing import Any, Callable
 
 import torch
 
-from spotrun.checkpoints import Manifest, checkpoint_name, read_manifest, write_manifest
-from spotrun.errors import ChecksumMismatch, CheckpointError, ObjectNotFound, StoreError
+from spotrun.checkpoints import (TORCH_KIND, TORCH_META, Manifest, check_file, check_layout,
+                                 checkpoint_name, read_manifest, torch_shard_name,
+                                 write_manifest)
+from spotrun.errors import CheckpointError, ObjectNotFound, StoreError
 from spotrun.store.base import ObjectStore, validate_key
 from spotrun.store.file import FileStore
 from spotrun.torch.snapshot import Snapshot
 
 SHARD_BYTES = 64 * 1024 * 1024
 WRITERS = 4          # shards written at once
-META = "meta.json"
-KIND = "spotrun.torch/1"
+META = TORCH_META
+KIND = TORCH_KIND
 
 
 class Abandoned(CheckpointError):
@@ -33,7 +35,7 @@ class Abandoned(CheckpointError):
 
 
 def _shard_name(i: int) -> str:
-    return f"data-{i:03d}.bin"
+    return torch_shard_name(i)
 
 
 def _payload(store: ObjectStore, view: memoryview) -> Any:
@@ -114,25 +116,25 @@ def _read_into(store: ObjectStore, key: str, dest: memoryview) -> int:
 
 def _checked(store: ObjectStore, name: str, fname: str, meta: dict[str, Any]) -> bytes:
     data = store.get_bytes(f"{name}/{fname}")
-    if len(data) != meta["size"]:
-        raise ChecksumMismatch(f"size {len(data)} != {meta['size']}", field="checkpoint",
-                               value=f"{name}/{fname}")
-    if hashlib.sha256(data).hexdigest() != meta["sha256"]:
-        raise ChecksumMismatch("sha256 differs", field="checkpoint", value=f"{name}/{fname}")
+    check_file(name, fname, meta, len(data), hashlib.sha256(data).hexdigest())
     return data
 
 
 def read_checkpoint(store: ObjectStore, name: str) -> tuple[Manifest, dict[str, Any], torch.Tensor]:
-    """Read and verify (sizes and SHA256) one checkpoint in a single pass over its data."""
+    """Read and verify one checkpoint in a single pass over its data.
+
+    The rules are spotrun.checkpoints' (check_file, check_layout): the daemon and the agent
+    judge a checkpoint exactly as this restore does.
+    """
     m = read_manifest(store, name)
     if m.extra.get("kind") != KIND:
         raise StoreError("not a spotrun.torch checkpoint", field="checkpoint", value=name)
-    if META not in m.files:
-        raise ChecksumMismatch("meta.json not in manifest", field="checkpoint", value=name)
+    check_layout(m)
     try:
         meta = json.loads(_checked(store, name, META, m.files[META]))
     except ValueError as exc:
         raise StoreError(f"corrupt meta.json: {exc}", field="checkpoint", value=name) from None
+    shards = check_layout(m, meta)
     nbytes = int(meta["nbytes"])
     data = torch.empty(nbytes, dtype=torch.uint8)
     view = memoryview(data.numpy()).cast("B") if nbytes else memoryview(b"")
@@ -140,25 +142,12 @@ def read_checkpoint(store: ObjectStore, name: str) -> tuple[Manifest, dict[str, 
     pending: list[tuple[str, Future[str]]] = []
     # Hash shard i in a second thread while shard i+1 is read.
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="spotrun-sha") as pool:
-        for i in range(int(m.extra.get("shards", 1))):
-            fname = _shard_name(i)
-            meta_f = m.files.get(fname)
-            if meta_f is None:
-                raise ChecksumMismatch("shard not in manifest", field="checkpoint",
-                                       value=f"{name}/{fname}")
-            size = int(meta_f["size"])
-            if pos + size > nbytes:
-                raise ChecksumMismatch("shards longer than meta says", field="checkpoint", value=name)
+        for fname in shards:
+            size = int(m.files[fname]["size"])
             got = _read_into(store, f"{name}/{fname}", view[pos:pos + size])
-            if got != size:
-                raise ChecksumMismatch(f"size {got} != {size}", field="checkpoint",
-                                       value=f"{name}/{fname}")
+            check_file(name, fname, m.files[fname], got, None)
             pending.append((fname, pool.submit(_sha, view[pos:pos + size])))
             pos += size
         for fname, digest in pending:
-            if digest.result() != m.files[fname]["sha256"]:
-                raise ChecksumMismatch("sha256 differs", field="checkpoint", value=f"{name}/{fname}")
-    if pos != nbytes:
-        raise ChecksumMismatch(f"data is {pos} bytes, meta says {nbytes}", field="checkpoint",
-                               value=name)
+            check_file(name, fname, m.files[fname], int(m.files[fname]["size"]), digest.result())
     return m, meta, data
