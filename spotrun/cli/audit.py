@@ -154,10 +154,11 @@ def _table(result, wide: bool = False) -> None:
                     ccols, cause_rows(job), wide=wide)
     for j in result:
         for n in j.notes:
-            click.echo(f"note: {j.id}: {n}")
+            console.print(f"note: {j.id}: {n}", highlight=False)
     if any((j.not_charged.usd or 0) > 0 for j in result):
-        click.echo("note: not charged = spot reclaimed by the provider in its first hour: "
-                   "AWS bills nothing for it (not part of actual).")
+        console.print("note: not charged = spot reclaimed by the provider in its first hour: "
+                      "AWS bills nothing for it (not part of actual).", highlight=False)
     if any(j.hindsight_optimal_usd is not None for j in result):
-        click.echo("note: hindsight optimum = the cheapest schedule knowing the market in "
-                   "advance; it pays every second, so free reclaims can beat it (regret < 0).")
+        console.print("note: hindsight optimum = the cheapest schedule knowing the market in "
+                      "advance; it pays every second, so free reclaims can beat it (regret < 0).",
+                      highlight=False)

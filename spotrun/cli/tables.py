@@ -73,7 +73,7 @@ def print_table(console: Console, title: str | None, columns: Sequence[Column],
     if dropped:
         console.print(f"(not shown at {console.width} columns: "
                       f"{', '.join(c.header for c in dropped)}; --wide shows all)",
-                      style="dim", soft_wrap=True)
+                      style="dim", highlight=False)
 
 
 def cells(values: dict[str, Any]) -> dict[str, str]:
