@@ -168,8 +168,9 @@ def test_failed_job_and_budget_crossing_reach_the_receiver_once_across_sigkill(
         daemon.kill()
         kill_leftovers(tmp_home / "market")
     assert len(receiver.texts(containing=f"{failed_id} failed")) == 1
-    assert len(receiver.texts(containing=f"{spend_id} has spent")) == 1   # the 80% crossing
-    assert len(receiver.texts(containing=f"{spend_id} stopped at its budget")) <= 1
+    by_id = [e["id"] for e in receiver.received]
+    assert by_id.count(f"budget_80:{spend_id}:100.0@test") == 1          # the 80% crossing
+    assert by_id.count(f"budget_100:{spend_id}:100.0@test") <= 1         # and 100%, if reached
     ids = [e["id"] for e in receiver.received]
     assert len(ids) == len(set(ids)), ids
 
