@@ -92,7 +92,8 @@ def test_free_reclaim_is_a_not_charged_line_outside_actual(tmp_path):
     assert ja.not_charged.usd == pytest.approx(0.75)
     assert ja.not_charged.hours == pytest.approx(50 / 60)
     d = ja.to_dict()
-    assert d["not_charged"]["usd"] == pytest.approx(0.75) and "first hour" in d["not_charged"]["what"]
+    assert d["not_charged"]["usd"] == pytest.approx(0.75)
+    assert "first hour" in d["not_charged"]["what"]
     assert "hindsight optimum" in d["hindsight_note"]
 
 

@@ -1,4 +1,4 @@
-"""`spotrun ui`: the JSON routes are the CLI's --json, /metrics, token rules; a real headless browser."""
+"""`spotrun ui`: JSON routes = the CLI's --json, /metrics, token rules; a real headless browser."""
 
 from __future__ import annotations
 
@@ -165,7 +165,8 @@ def test_browser_lists_the_job_its_timeline_and_spend_chart(served, tmp_path):
     [audit] = _cli_json(home, "audit", JOB)
     driver = _browser()
     try:
-        ready = lambda d: d.execute_script("return document.body.dataset.ready === '1'")  # noqa: E731
+        def ready(d):
+            return d.execute_script("return document.body.dataset.ready === '1'")
         driver.get(url + "/")
         WebDriverWait(driver, 60).until(ready)
         row = driver.find_element(By.CSS_SELECTOR, f'#jobs tr[data-job="{JOB}"]')

@@ -119,7 +119,8 @@ def cause_rows(job: JobAudit) -> list[dict[str, str]]:
         rows.append({"cause": CAUSE_LABELS.get(cause, cause), "usd": cell("usd", w.usd or 0.0),
                      "hours": cell("x_hours", w.hours),
                      "share": "-" if share is None else f"{share * 100:.1f}%"})
-    rows.append({"cause": "= actual (sum of the causes)", "usd": cell("usd", job.causes_total_usd()),
+    rows.append({"cause": "= actual (sum of the causes)",
+                 "usd": cell("usd", job.causes_total_usd()),
                  "hours": "", "share": "100.0%" if total > 0 else "-"})
     rows.append({"cause": "not charged: free reclaims (first hour)",
                  "usd": f"({cell('usd', job.not_charged.usd or 0.0)})",

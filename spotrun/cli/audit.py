@@ -42,7 +42,8 @@ def catalog_od_price(region: str):
 
 @click.command()
 @click.argument("jobs", nargs=-1)
-@click.option("--since", help="Only spend booked at or after this time (ISO-8601, UTC, provider clock).")
+@click.option("--since", help="Only spend booked at or after this time "
+                              "(ISO-8601, UTC, provider clock).")
 @click.option("--until", help="Only spend booked before this time (ISO-8601, UTC, provider clock).")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON list of jobs.")
 @click.option("--csv", "as_csv", is_flag=True, help="Print CSV: one row per job, then TOTAL.")
@@ -144,7 +145,8 @@ def _table(result, wide: bool = False) -> None:
             for k, h, p in TABLE_COLUMNS]
     text = [{k: (str(r.get(k) or "") if k in ("id", "state") else cell(k, r.get(k)))
              for k, _h, _p in TABLE_COLUMNS} for r in rows]
-    print_table(console, "spend audit (USD; baseline = on-demand for the same progress)", cols, text, wide=wide,
+    print_table(console, "spend audit (USD; baseline = on-demand for the same progress)", cols,
+                text, wide=wide,
                 bold_rows=[len(result)] if len(result) != 1 else [])
     ccols = [Column("cause", "cause"), Column("usd", "$", 0, "right"),
              Column("hours", "h", 1, "right"), Column("share", "share", 2, "right")]

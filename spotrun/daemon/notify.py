@@ -1,4 +1,4 @@
-"""Notify loop: queue alerts for what happened (once each, kept in the outbox), send them off-thread.
+"""Notify loop: queue alerts (once each, kept in the outbox) and send them off the loop thread.
 
 Each tick, in one transaction: alerts found since the last tick become outbox rows (a
 row's unique key refuses a second copy, across restarts and daemons) and the events

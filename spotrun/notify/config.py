@@ -46,7 +46,8 @@ def parse_notify(settings: object) -> NotifyConfig:
         picked = tuple(x.strip() for x in names.split(",") if x.strip())
         unknown = [x for x in picked if x not in hooks]
         if unknown:
-            raise ConfigError(f"no webhook named {unknown[0]!r}; named: {', '.join(hooks) or 'none'}",
+            named = ", ".join(hooks) or "none"
+            raise ConfigError(f"no webhook named {unknown[0]!r}; named: {named}",
                               field=f"notify.routes[{i}]", value=entry)
         routes[event] = picked
     if not 0 < n.budget_warn_fraction < 1:

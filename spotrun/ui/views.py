@@ -168,16 +168,21 @@ def audit_view(settings: Any, refs: list[str] | None = None, *, since: datetime 
     from spotrun.audit import audit_jobs
     from spotrun.audit.regret import MODEL_FOR_JOB, use_observed_model
     from spotrun.cli.audit import catalog_od_price
-    if hindsight:
-        use_observed_model(settings)
-    else:
+    # The hindsight builder is a module-level hook: set it for this call only, then restore.
+    saved = MODEL_FOR_JOB.pop("default", None)
+    try:
+        if hindsight:
+            use_observed_model(settings)
+        engine = engine or open_db(settings.database_url)
+        reports = reports or Reports()
+        with session(engine) as s:
+            return audit_jobs(s, list(refs or []), since=since, until=until,
+                              od_price=catalog_od_price(settings.region),
+                              final_step=reports.final_step, time_scale=time_scale(settings))
+    finally:
         MODEL_FOR_JOB.pop("default", None)
-    engine = engine or open_db(settings.database_url)
-    reports = reports or Reports()
-    with session(engine) as s:
-        return audit_jobs(s, list(refs or []), since=since, until=until,
-                          od_price=catalog_od_price(settings.region),
-                          final_step=reports.final_step, time_scale=time_scale(settings))
+        if saved is not None:
+            MODEL_FOR_JOB["default"] = saved
 
 
 def curve_points(spans: list[tuple[datetime, datetime, float]]) -> list[list[float]]:
