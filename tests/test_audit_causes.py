@@ -189,3 +189,10 @@ def test_reports_read_the_last_step_of_heartbeat_and_exit(tmp_path):
     assert Reports().final_step(job, att) == 42
     att1 = type("A", (), {"number": 1})()
     assert Reports().final_step(job, att1) is None
+
+
+def test_times_inside_event_text_are_labelled_with_their_clock():
+    from spotrun.cli.jobs import label_times
+    text = "attempt 1: interruption notice terminate at 2026-12-01T11:20:46Z"
+    assert label_times(text, "market").endswith("2026-12-01T11:20:46Z (market)")
+    assert label_times(text, "provider") == text

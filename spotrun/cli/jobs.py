@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import time
 from typing import Any
 
@@ -147,8 +148,19 @@ def print_timeline(console: Console, d: dict[str, Any], events: list[dict[str, A
         e.add_column("event", no_wrap=True)
         e.add_column("detail", overflow="fold")
         for ev in events:
-            e.add_row(ev["ts_wall"].strftime("%H:%M:%S"), ev["kind"], ev["detail"])
+            e.add_row(ev["ts_wall"].strftime("%H:%M:%S"), ev["kind"],
+                      label_times(ev["detail"], clock))
         console.print(e)
+
+
+_ISO_TIME = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?(?:Z|[+-]\d\d:\d\d)?")
+
+
+def label_times(detail: str, clock: str) -> str:
+    """Mark the times inside an event's text: they come from the provider (a notice's time)."""
+    if clock == "provider":
+        return detail
+    return _ISO_TIME.sub(lambda m: f"{m.group(0)} ({clock})", detail)
 
 
 def _span(start: Any, end: Any) -> str:

@@ -128,6 +128,10 @@ function causes(a) {
     <tr class="dim"><td>hindsight optimum (what-if, not spent)</td><td>(${usd(a.hindsight_optimal_usd)})</td><td></td><td></td></tr></tbody></table>`;
 }
 
+// Times inside an event's text come from the provider (a notice's time): say so.
+const marketTimes = (text, clock) => clock.provider_clock === "provider" ? text
+  : String(text ?? "").replace(/\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?(Z|[+-]\d\d:\d\d)?/g, (m) => m + " (market)");
+
 async function jobPage(id) {
   const page = await getJSON("/api/page/" + encodeURIComponent(id));
   window.spotrun.page = page;
@@ -137,7 +141,7 @@ async function jobPage(id) {
     <td class="l">${esc(t.instance_type)} ${esc(t.zone)} ${esc(t.market)}</td><td>${t.price_usd_per_hour.toFixed(3)}</td>
     <td class="l">resumed from ${t.resumed_from}, ran to ${t.ran_to ?? "?"}</td><td class="l">${esc(t.end_reason || t.state)}</td></tr>`).join("");
   const evRows = (st.events || []).slice(-60).reverse().map((e) =>
-    `<tr><td class="l mono">${esc((e.ts_wall || "").slice(11, 19))}</td><td class="l">${esc(e.kind)}</td><td class="l">${esc(e.detail)}</td></tr>`).join("");
+    `<tr><td class="l mono">${esc((e.ts_wall || "").slice(11, 19))}</td><td class="l">${esc(e.kind)}</td><td class="l">${esc(marketTimes(e.detail, page.clock))}</td></tr>`).join("");
   const app = document.getElementById("app");
   app.replaceChildren($(`<h1 id="job-id" class="mono">${esc(st.id)}</h1>
     <div><span class="card">state<b class="state-${esc(st.state)}" id="job-state">${esc(st.state)}</b></span>
