@@ -196,3 +196,22 @@ def test_times_inside_event_text_are_labelled_with_their_clock():
     text = "attempt 1: interruption notice terminate at 2026-12-01T11:20:46Z"
     assert label_times(text, "market").endswith("2026-12-01T11:20:46Z (market)")
     assert label_times(text, "provider") == text
+
+
+def test_status_gives_deadline_and_budget_headroom(tmp_path):
+    from datetime import datetime, timedelta, timezone
+    from spotrun.db import Job
+    home = tmp_path / "h"
+    home.mkdir()
+    eng = new_db(home)
+    make_job(eng, "dl", state=JobState.RUNNING, budget_usd=5.0)
+    with session(eng) as s:
+        j = s.get(Job, "dl")
+        j.deadline_at = datetime.now(timezone.utc) + timedelta(hours=2)
+        s.add(j)
+        s.commit()
+    res = CliRunner().invoke(cli, ["status", "dl", "--json"], env={"SPOTRUN_HOME": str(home)})
+    d = json.loads(res.output)
+    # No market has run in this home: its clock falls back to the wall's.
+    assert d["deadline_headroom_s_market"] == pytest.approx(7200, abs=120)
+    assert d["budget_headroom_usd"] == pytest.approx(5.0) and d["spend_usd"] == 0.0

@@ -196,3 +196,25 @@ def _all_delivered(engine) -> bool:
     with session(engine) as s:
         rows = list(s.exec(select(NotifyOutbox)))
     return bool(rows) and all(r.delivered_at is not None for r in rows)
+
+
+def test_deadline_at_risk_by_the_policys_slack(tmp_home, receiver):
+    settings = _settings(tmp_home, receiver)
+    loop = _loop(tmp_home, settings)          # provider clock: T0 (test_ledger_support)
+    eng = loop.ctx.engine
+    for job_id, steps_per_s in (("slow", 1.0), ("fast", 100.0)):
+        make_job(eng, job_id, state=JobState.RUNNING, work={"total_steps": 10_000})
+        a = make_attempt(eng, job_id, 1, start=at(0), start_step=0, last_step=0)
+        with session(eng) as s:
+            j, att = s.get(Job, job_id), s.get(type(a), a.id)
+            j.deadline_at = at(60)            # an hour away on the provider clock
+            att.steps_per_s = steps_per_s     # 10,000 s of work left vs 100 s
+            s.add(j)
+            s.add(att)
+            s.commit()
+    loop.tick(at(0))
+    _drain(loop)
+    risky = receiver.texts(containing="at risk of missing its deadline")
+    assert len(risky) == 2 and all("slow" in t for t in risky)   # both webhooks, slow only
+    _drain(loop)
+    assert len(receiver.texts(containing="at risk")) == 2

@@ -31,6 +31,7 @@ class Reports:
         from spotrun.store import open_store
         self._open = opener or open_store
         self._stores: dict[str, Any] = {}
+        self._final: dict[tuple[str, int], int | None] = {}   # ended attempts: never change
 
     def store(self, uri: str) -> Any:
         """The store at uri, opened once."""
@@ -47,12 +48,18 @@ class Reports:
 
     def final_step(self, job: Job, att: Attempt) -> int | None:
         """The last step the attempt's agent reported (its last heartbeat or its exit)."""
+        known = (job.id, att.number)
+        if known in self._final:
+            return self._final[known]
         steps = []
         for key in (layout.heartbeat_key(job.id, att.number), layout.exit_key(job.id, att.number)):
             rep = self._json(job.store_uri, key)
             if rep is not None and isinstance(rep.get("step"), int):
                 steps.append(rep["step"])
-        return max(steps) if steps else None
+        found = max(steps) if steps else None
+        if getattr(att, "ended_at", None) is not None:
+            self._final[known] = found
+        return found
 
     def log_tail(self, job: Job, max_bytes: int = LOG_TAIL_BYTES) -> str:
         """The end of the job's output, all attempts in order."""
@@ -142,7 +149,7 @@ def status_view(settings: Any, ref: str | None = None, *, events: bool = False,
     engine = engine or open_db(settings.database_url)
     reports = reports or Reports()
     clock = clock_info(settings)
-    now = provider_now(settings)
+    now: datetime | None = None
     with session(engine) as s:
         jobs = [_job(s, ref)] if ref else list(iter_jobs(s))
         spend = spend_by_job(s)
@@ -151,8 +158,11 @@ def status_view(settings: Any, ref: str | None = None, *, events: bool = False,
             d = job_dict(j, attempts_of(s, j.id), reports=reports, spend_usd=spend.get(j.id, 0.0),
                          clock=clock)
             dl = d["deadline_at_market"]
-            d["deadline_headroom_s_market"] = (dl - now).total_seconds() \
-                if dl is not None and not j.state.is_terminal() else None
+            if dl is not None and not j.state.is_terminal():
+                now = now or provider_now(settings)   # reads the market's clock: only if needed
+                d["deadline_headroom_s_market"] = (dl - now).total_seconds()
+            else:
+                d["deadline_headroom_s_market"] = None
             if events or ref:
                 d["events"] = [{"ts_wall": e.ts, "kind": e.kind, "detail": e.detail}
                                for e in s.exec(select(Event).where(Event.job_id == j.id)
