@@ -225,3 +225,18 @@ def test_browser_follows_a_running_job_live(tmp_home):
         driver.quit()
         server.shutdown()
         server.server_close()
+
+
+def test_a_taken_port_is_one_line_not_a_traceback(tmp_home):
+    import socket
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(1)
+    try:
+        port = sock.getsockname()[1]
+        res = CliRunner().invoke(cli, ["ui", "--port", str(port)],
+                                 env={"SPOTRUN_HOME": str(tmp_home)})
+    finally:
+        sock.close()
+    assert res.exit_code == 1 and "Traceback" not in res.output
+    assert f"cannot listen on 127.0.0.1:{port}" in res.output and "--port" in res.output

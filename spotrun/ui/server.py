@@ -26,7 +26,7 @@ from typing import Any, Callable
 from urllib.parse import parse_qs, urlparse
 
 from spotrun.cli.common import json_default
-from spotrun.errors import BadInputError, NotFoundError
+from spotrun.errors import BadInputError, NotFoundError, SpotrunError
 from spotrun.ui import views
 from spotrun.ui.metrics import render_metrics
 
@@ -211,6 +211,12 @@ def make_server(settings: Any, host: str = "127.0.0.1", port: int = 8765,
                 token: str | None = None) -> ThreadingHTTPServer:
     """A bound server (port 0 = any free port); call serve_forever() on it."""
     check_bind(host, token)
-    server = ThreadingHTTPServer((host, port), make_handler(Dashboard(settings), token))
+    handler = make_handler(Dashboard(settings), token)
+    try:
+        server = ThreadingHTTPServer((host, port), handler)
+    except OSError as exc:   # port taken, address not ours: one line, no traceback
+        raise SpotrunError(f"cannot listen on {host}:{port}: {exc.strerror or exc}",
+                           field="--port", value=port,
+                           hint="pick another --port (0 = any free one)") from None
     server.daemon_threads = True
     return server
