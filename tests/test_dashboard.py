@@ -17,18 +17,19 @@ from spotrun.cli import cli
 from spotrun.config import load_settings
 from spotrun.daemon.spend import SpendLoop
 from spotrun.errors import BadInputError
-from spotrun.states import EndReason, JobState
+from spotrun.states import EndReason, JobState, Market
 from spotrun.store.file import FileStore
 from spotrun.ui.server import check_bind, make_server
 
-from test_ledger_support import P3, ZONE, PriceFeed, at, make_attempt, make_job, new_db
+from test_ledger_support import OD_P3, P3, ZONE, PriceFeed, at, make_attempt, make_job, \
+    new_db
 
 JOB = "demo-mlp-0a1b2c"
 ZONES = ["us-east-1a", "us-east-1d", "us-east-1c"]
 
 
 def _demo_like_home(home: Path) -> None:
-    """A finished job shaped like the demo's: two reclaims after notices, then done."""
+    """A finished job shaped like the demo's: two reclaims after notices, then on-demand."""
     eng = new_db(home)
     store = FileStore(home / "store")
     make_job(eng, JOB, state=JobState.SUCCEEDED, store_uri=store.uri, last_step=1500,
@@ -37,8 +38,11 @@ def _demo_like_home(home: Path) -> None:
              (24, 90, 1323, 1500, EndReason.COMPLETED)]
     feed = PriceFeed()
     for n, (s, e, r, last, why) in enumerate(spans, start=1):
+        od = why is EndReason.COMPLETED
         a = make_attempt(eng, JOB, n, start=at(s), end=at(e), reason=why, start_step=r,
-                         last_step=last, running_at=at(s + 2))
+                         last_step=last, running_at=at(s + 2),
+                         market=Market.ON_DEMAND if od else Market.SPOT,
+                         price=OD_P3 if od else 0.9)
         if why is EndReason.RECLAIMED:
             from spotrun.db import Attempt, session
             with session(eng) as ses:
@@ -180,6 +184,7 @@ def test_browser_lists_the_job_its_timeline_and_spend_chart(served, tmp_path):
         want = sorted((a["number"], f"{a['instance_type']} {a['zone']} {a['market']}",
                        a["market"]) for a in status["attempts"])
         assert got == want
+        assert {m for _n, _p, m in got} == {"spot", "on-demand"}   # both colours drawn
         assert len(driver.find_elements(By.CSS_SELECTOR, "#timeline line.reclaim")) == 2
         assert len(driver.find_elements(By.CSS_SELECTOR, "#timeline path.notice")) == 2
         last = driver.execute_script(
