@@ -215,3 +215,18 @@ def test_status_gives_deadline_and_budget_headroom(tmp_path):
     # No market has run in this home: its clock falls back to the wall's.
     assert d["deadline_headroom_s_market"] == pytest.approx(7200, abs=120)
     assert d["budget_headroom_usd"] == pytest.approx(5.0) and d["spend_usd"] == 0.0
+
+
+def test_split_attempt_edge_cases_still_add_up():
+    from spotrun.audit import split_attempt
+    # A 60 s minimum charged for an instance that never ran a second: all of it idle.
+    z = split_attempt(used_s=0.0, inst_usd=0.05, overhead_s=None, stall_s=None, kept_steps=0,
+                      lost_steps=0, steps_per_s=None, first=True)
+    assert z["paid_idle"].usd == 0.05 and sum(w.usd for w in z.values()) == 0.05
+    # No speed known: training time split by steps, nothing left idle.
+    n = split_attempt(used_s=1000.0, inst_usd=1.0, overhead_s=100.0, stall_s=None,
+                      kept_steps=30, lost_steps=10, steps_per_s=None, first=False)
+    assert n["restart_overhead"].usd == pytest.approx(0.1)
+    assert n["productive"].usd == pytest.approx(0.675) and n["lost_work"].usd == pytest.approx(0.225)
+    assert n["paid_idle"].usd == pytest.approx(0.0, abs=1e-12)
+    assert sum(w.usd for w in n.values()) == pytest.approx(1.0, abs=1e-15)

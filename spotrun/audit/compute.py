@@ -4,6 +4,10 @@ Actual figures are sums of raw ledger rows (nothing re-priced). The baseline is,
 for every attempt, the on-demand cost of the progress it kept (steps that survived
 into the next checkpoint) on the same instance type at the job's measured speed
 on that type, without interruptions; the job's baseline is their sum.
+
+Every dollar of actual spend lands in exactly one cause (CAUSES): each attempt's
+instance spend is split by time at what it paid per second (`split_attempt`), and
+storage, volume and other rows are their own causes, so the causes sum to actual_usd.
 """
 
 from __future__ import annotations
