@@ -90,6 +90,22 @@ class AwsSettings:
 
 
 @dataclass(frozen=True)
+class NotifySettings:
+    """Alerts (`[notify]`, see docs/alerts.md): Slack-compatible webhooks and what goes where."""
+
+    webhooks: tuple[str, ...] = ()       # "name=https://hooks..." each; () = no alerts
+    routes: tuple[str, ...] = ()         # "event=name,name" each; an event not named goes
+    #   to every webhook; "event=" sends it nowhere (events: spotrun.notify.EVENTS)
+    budget_warn_fraction: float = 0.8    # the "budget 80%" alert's threshold
+    interval_s: float = 2.0              # how often the daemon looks for new events (wall)
+    timeout_s: float = 10.0              # one HTTP POST
+    retry_attempts: int = 4              # tries per delivery round (tenacity)
+    retry_base_s: float = 1.0            # exponential back-off between tries
+    retry_max_s: float = 30.0
+    max_rounds: int = 20                 # rounds before a message is given up (logged)
+
+
+@dataclass(frozen=True)
 class Settings:
     """All settings; `home` and `db_url` are derived when empty."""
 
@@ -103,6 +119,7 @@ class Settings:
     daemon: DaemonSettings = field(default_factory=DaemonSettings)
     agent: AgentSettings = field(default_factory=AgentSettings)
     aws: AwsSettings = field(default_factory=AwsSettings)
+    notify: NotifySettings = field(default_factory=NotifySettings)
 
     @property
     def home_path(self) -> Path:

@@ -19,6 +19,7 @@ from sqlalchemy.exc import DBAPIError
 from sqlmodel import Session, SQLModel
 
 from spotrun.db import Meta
+import spotrun.notify.outbox  # noqa: F401,E402  (its table is part of the schema)
 from spotrun.errors import ConfigError
 
 VERSION_KEY = "schema_version"
@@ -43,10 +44,17 @@ def _end_reason_moved(conn: Connection) -> None:
         conn.execute(text("ALTER TYPE endreason ADD VALUE IF NOT EXISTS 'MOVED'"))
 
 
+def _notify_outbox(conn: Connection) -> None:
+    """Version 4: the alerts outbox (spotrun.notify.outbox), one row per event and webhook."""
+    from spotrun.notify.outbox import NotifyOutbox
+    NotifyOutbox.__table__.create(conn, checkfirst=True)
+
+
 STEPS: list[Step] = [
     Step(2, "columns added after v1 (budget stop, checkpoint figures, running_at, ...)",
          _columns_added_by_helpers),
     Step(3, "end reason 'moved' (placement policy moves)", _end_reason_moved),
+    Step(4, "alerts outbox table", _notify_outbox),
 ]
 LATEST = max(s.version for s in STEPS)
 

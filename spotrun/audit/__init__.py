@@ -1,6 +1,7 @@
-"""`spotrun audit`: actual spend vs the on-demand baseline, with the waste explained."""
+"""`spotrun audit`: actual spend vs the on-demand baseline, every dollar by cause."""
 
-from spotrun.audit.compute import (WASTE_CAUSES, AttemptAudit, JobAudit, WasteLine, audit_job,
-                                   audit_jobs)
+from spotrun.audit.compute import (CAUSES, WASTE_CAUSES, AttemptAudit, JobAudit, WasteLine,
+                                   audit_job, audit_jobs, split_attempt)
 
-__all__ = ["WASTE_CAUSES", "AttemptAudit", "JobAudit", "WasteLine", "audit_job", "audit_jobs"]
+__all__ = ["CAUSES", "WASTE_CAUSES", "AttemptAudit", "JobAudit", "WasteLine", "audit_job",
+           "audit_jobs", "split_attempt"]

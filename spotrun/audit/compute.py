@@ -4,6 +4,10 @@ Actual figures are sums of raw ledger rows (nothing re-priced). The baseline is,
 for every attempt, the on-demand cost of the progress it kept (steps that survived
 into the next checkpoint) on the same instance type at the job's measured speed
 on that type, without interruptions; the job's baseline is their sum.
+
+Every dollar of actual spend lands in exactly one cause (CAUSES): each attempt's
+instance spend is split by time at what it paid per second (`split_attempt`), and
+storage, volume and other rows are their own causes, so the causes sum to actual_usd.
 """
 
 from __future__ import annotations
@@ -24,7 +28,17 @@ from spotrun.states import EndReason, JobState, Market
 
 OdPrice = Callable[[str], "float | None"]
 CheckpointStep = Callable[[Job], "int | None"]
-WASTE_CAUSES = ("lost_work", "restart_overhead", "waiting_for_capacity", "checkpoint_stall")
+FinalStep = Callable[[Job, Attempt], "int | None"]   # the agent's last reported step
+# Every dollar of a job lands in exactly one cause; hours are provider-clock hours.
+ATTEMPT_CAUSES = ("productive", "lost_work", "startup", "restart_overhead", "paid_idle",
+                  "checkpoint_stall")
+CAUSES = ATTEMPT_CAUSES + ("waiting_for_capacity",
+                           # Multi-node jobs (issue 16) will book the paid wait of the
+                           # surviving nodes while a lost node is replaced; 0 until then.
+                           "node_replacement",
+                           "storage", "volumes", "other")
+WASTE_CAUSES = ("lost_work", "restart_overhead", "waiting_for_capacity", "checkpoint_stall",
+                "paid_idle", "node_replacement")
 
 
 @dataclass
@@ -49,6 +63,18 @@ class AttemptAudit:
     overhead_s: float | None
     stall_s: float | None
     wait_before_s: float | None
+    resumed_from: int = 0
+    ran_to: int = 0
+    causes: dict = field(default_factory=dict)
+    not_charged_usd: float = 0.0
+
+    def to_dict(self) -> dict:
+        """The JSON view of one attempt (times on the provider clock: `*_market`)."""
+        d = {k: v for k, v in vars(self).items() if k not in ("causes", "started_at",
+                                                               "ended_at")}
+        d["started_at_market"], d["ended_at_market"] = self.started_at, self.ended_at
+        d["causes"] = {c: {"hours": w.hours, "usd": w.usd} for c, w in self.causes.items()}
+        return d
 
 
 @dataclass
@@ -86,10 +112,14 @@ class JobAudit:
     saved_fraction: float | None = None
     preemptions: int = 0
     kept_steps: int = 0
+    lost_steps: int = 0
     ledger_rows: int = 0
     hindsight_regret_usd: float | None = None
     hindsight_optimal_usd: float | None = None   # instance cost of the best schedule
     waste: dict[str, WasteLine] = field(default_factory=dict)
+    causes: dict[str, WasteLine] = field(default_factory=dict)
+    not_charged: WasteLine = field(default_factory=WasteLine)   # free reclaims (first hour)
+    time_scale: float = 1.0          # provider-clock seconds per wall second
     attempts: list[AttemptAudit] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     # (start, end, usd) pieces for the plot: spend accrues over each row's interval,
@@ -97,6 +127,7 @@ class JobAudit:
     spend_spans: list[tuple[datetime, datetime, float]] = field(default_factory=list)
     baseline_spans: list[tuple[datetime, datetime, float]] = field(default_factory=list)
     reclaims: list[datetime] = field(default_factory=list)
+    notices: list[datetime] = field(default_factory=list)
 
     def to_dict(self) -> dict:
         """The JSON view (`spotrun audit --json` element)."""
@@ -109,18 +140,40 @@ class JobAudit:
             "baseline_reference_usd": self.baseline_reference_usd,
             "reference_instance": self.reference_instance,
             "saved_usd": self.saved_usd, "saved_fraction": self.saved_fraction,
-            "preemptions": self.preemptions, "kept_steps": self.kept_steps,
-            "ledger_rows": self.ledger_rows, "hindsight_regret_usd": self.hindsight_regret_usd,
+            "preemptions": self.preemptions, "reclaims": self.preemptions,
+            "kept_steps": self.kept_steps, "lost_steps": self.lost_steps,
+            "ledger_rows": self.ledger_rows,
+            "causes": {k: {"hours": w.hours, "usd": w.usd} for k, w in self.causes.items()},
+            "causes_total_usd": self.causes_total_usd(),
+            "not_charged": {"hours": self.not_charged.hours, "usd": self.not_charged.usd,
+                            "what": NOT_CHARGED_NOTE},
+            "hindsight_regret_usd": self.hindsight_regret_usd,
             "hindsight_optimal_usd": self.hindsight_optimal_usd,
+            "hindsight_note": HINDSIGHT_NOTE,
             "waste": {k: {"hours": w.hours, "usd": w.usd} for k, w in self.waste.items()},
-            "attempts": [vars(a).copy() for a in self.attempts],
+            "hours_clock": "market" if self.time_scale != 1.0 else "provider",
+            "time_scale": self.time_scale,
+            "attempts": [a.to_dict() for a in self.attempts],
             "notes": list(self.notes),
         }
+
+    def causes_total_usd(self) -> float:
+        """The sum of every cause's dollars (equals actual_usd)."""
+        return sum(w.usd or 0.0 for w in self.causes.values())
+
+
+NOT_CHARGED_NOTE = ("spot reclaimed by the provider within its first hour: AWS charges "
+                    "nothing; the amount is what those seconds were booked at, then reversed")
+HINDSIGHT_NOTE = ("hindsight optimum: the cheapest schedule knowing the whole market in "
+                  "advance; it pays every second it runs, so a job with free reclaims "
+                  "(not charged) can cost less than it (negative regret)")
 
 
 def audit_jobs(s: Session, refs: list[str] | None = None, *, since: datetime | None = None,
                until: datetime | None = None, od_price: OdPrice,
-               checkpoint_step: CheckpointStep | None = None) -> list[JobAudit]:
+               checkpoint_step: CheckpointStep | None = None,
+               final_step: FinalStep | None = None,
+               time_scale: float = 1.0) -> list[JobAudit]:
     """Audit the named jobs (all jobs when refs is empty), in the order given / created."""
     if refs:
         jobs = []
@@ -133,14 +186,16 @@ def audit_jobs(s: Session, refs: list[str] | None = None, *, since: datetime | N
     else:
         jobs = list(iter_jobs(s))
     return [audit_job(s, j, since=since, until=until, od_price=od_price,
-                      checkpoint_step=checkpoint_step) for j in jobs]
+                      checkpoint_step=checkpoint_step, final_step=final_step,
+                      time_scale=time_scale) for j in jobs]
 
 
 def audit_job(s: Session, job: Job, *, since: datetime | None = None,
               until: datetime | None = None, od_price: OdPrice,
-              checkpoint_step: CheckpointStep | None = None) -> JobAudit:
+              checkpoint_step: CheckpointStep | None = None,
+              final_step: FinalStep | None = None, time_scale: float = 1.0) -> JobAudit:
     """Every figure for one job."""
-    out = JobAudit(id=job.id, name=job.name, state=job.state.value)
+    out = JobAudit(id=job.id, name=job.name, state=job.state.value, time_scale=time_scale)
     rows = [r for r in s.exec(select(SpendEntry).where(SpendEntry.job_id == job.id)
                               .order_by(SpendEntry.end, SpendEntry.id))
             if _in_window(r.start, since, until)]
@@ -148,14 +203,24 @@ def audit_job(s: Session, job: Job, *, since: datetime | None = None,
     all_atts = attempts_of(s, job.id)
     atts = [a for a in all_atts if a.started_at is None or _in_window(a.started_at, since, until)]
     usd_by_attempt: dict[int, float] = defaultdict(float)
+    gross_by_attempt: dict[int, float] = defaultdict(float)
     booked_end: dict[int, datetime] = {}
     for r in rows:
         if r.attempt_id is not None and r.kind in SpendKind.instance_kinds():
             usd_by_attempt[r.attempt_id] += r.usd
             if r.kind == SpendKind.COMPUTE.value:
+                gross_by_attempt[r.attempt_id] += r.usd
                 booked_end[r.attempt_id] = max(r.end, booked_end.get(r.attempt_id, r.end))
     ckpt = checkpoint_step(job) if checkpoint_step else None
-    _attempts(out, job, all_atts, atts, usd_by_attempt, booked_end, od_price, ckpt)
+    _attempts(out, job, all_atts, atts, usd_by_attempt, gross_by_attempt, booked_end,
+              od_price, ckpt, final_step)
+    # Instance rows of no attempt audited here (outside the window, an orphan's) are "other".
+    audited = {a.id for a in atts if a.started_at is not None}
+    loose = sum(u for aid, u in usd_by_attempt.items() if aid not in audited) + sum(
+        r.usd for r in rows if r.attempt_id is None and r.kind in SpendKind.instance_kinds())
+    out.causes["storage"] = WasteLine(None, out.storage_usd)   # GB-months, not hours
+    out.causes["volumes"] = WasteLine(None, out.volume_usd)
+    out.causes["other"] = WasteLine(None, out.other_usd + loose)
     _reference(out, job, od_price)
     out.saved_usd = out.baseline_on_demand_usd - out.actual_usd
     out.saved_fraction = (out.saved_usd / out.baseline_on_demand_usd
@@ -189,8 +254,9 @@ def _actuals(out: JobAudit, rows: list[SpendEntry]) -> None:
 
 
 def _attempts(out: JobAudit, job: Job, all_atts: list[Attempt], atts: list[Attempt],
-              usd_by_attempt: dict[int, float], booked_end: dict[int, datetime],
-              od_price: OdPrice, ckpt: int | None) -> None:
+              usd_by_attempt: dict[int, float], gross_by_attempt: dict[int, float],
+              booked_end: dict[int, datetime], od_price: OdPrice, ckpt: int | None,
+              final_step: FinalStep | None) -> None:
     nxt = {a.id: all_atts[i + 1] if i + 1 < len(all_atts) else None
            for i, a in enumerate(all_atts)}
     prev = {a.id: all_atts[i - 1] if i > 0 else None for i, a in enumerate(all_atts)}
@@ -200,23 +266,28 @@ def _attempts(out: JobAudit, job: Job, all_atts: list[Attempt], atts: list[Attem
             continue   # never ran: nothing billed, nothing gained
         end = a.ended_at or booked_end.get(a.id)   # still running: as far as booked
         used_s = seconds_between(a.started_at, end) if end else 0.0
+        # The database's last step is the last heartbeat the daemon read; the agent's own
+        # last report (read from the store) may be later: steps run after the notice count.
+        reported = final_step(job, a) if final_step is not None else None
+        ran_to = max(a.last_step, reported or 0)
         n = nxt[a.id]
         if n is not None:
             end_step = n.start_step
         elif job.state is JobState.SUCCEEDED:
-            end_step = max(a.last_step, job.last_step)
+            end_step = max(ran_to, job.last_step)
         else:
             end_step = ckpt if ckpt is not None else job.last_step
         kept = max(end_step - a.start_step, 0)
-        gained = max(a.last_step - a.start_step, kept)
+        gained = max(ran_to - a.start_step, kept)
         overhead = seconds_between(a.started_at, a.running_at) if a.running_at else None
         p = prev[a.id]
         wait = (seconds_between(p.ended_at, a.started_at)
                 if p is not None and p.ended_at is not None else None)
-        facts.append((a, end, used_s, gained, kept, overhead, wait))
-    rates = _rates(facts, out)
+        facts.append((a, end, used_s, gained, kept, overhead, wait, ran_to))
+    rates = _rates([f[:7] for f in facts], out)
     out.waste = {c: WasteLine() for c in WASTE_CAUSES}
-    for a, end, used_s, gained, kept, overhead, wait in facts:
+    out.causes = {c: WasteLine() for c in CAUSES}
+    for a, end, used_s, gained, kept, overhead, wait, ran_to in facts:
         rate = rates.get(a.instance_type)
         od = od_price(a.instance_type)
         base = kept / rate / 3600.0 * od if rate and od else 0.0
@@ -225,9 +296,14 @@ def _attempts(out: JobAudit, job: Job, all_atts: list[Attempt], atts: list[Attem
             out.notes.append(f"attempt {a.number}: no {missing}"
                              f" for {a.instance_type}; its baseline is left out")
         inst_usd = usd_by_attempt.get(a.id, 0.0)
-        avg = inst_usd / used_s if used_s > 0 else 0.0     # USD per second actually paid
         # Unsaved steps of an attempt still running are work in progress, not (yet) lost.
         lost = 0 if a.ended_at is None else gained - kept
+        first = prev[a.id] is None
+        split = split_attempt(used_s=used_s, inst_usd=inst_usd, overhead_s=overhead,
+                              stall_s=a.checkpoint_stall_s, kept_steps=gained - lost,
+                              lost_steps=lost, steps_per_s=rate, first=first)
+        free = (a.end_reason is EndReason.RECLAIMED and abs(inst_usd) < 1e-12
+                and gross_by_attempt.get(a.id, 0.0) > 0)
         aa = AttemptAudit(
             number=a.number, market=a.market.value, instance_type=a.instance_type, zone=a.zone,
             started_at=a.started_at, ended_at=a.ended_at,
@@ -235,28 +311,69 @@ def _attempts(out: JobAudit, job: Job, all_atts: list[Attempt], atts: list[Attem
             instance_usd=inst_usd, gained_steps=gained, kept_steps=kept, lost_steps=lost,
             steps_per_hour=rate * 3600.0 if rate else None, od_usd_per_hour=od,
             baseline_usd=base, overhead_s=overhead, stall_s=a.checkpoint_stall_s,
-            wait_before_s=wait)
+            wait_before_s=wait, resumed_from=a.start_step, ran_to=ran_to,
+            causes=split, not_charged_usd=gross_by_attempt.get(a.id, 0.0) if free else 0.0)
         out.attempts.append(aa)
         out.baseline_on_demand_usd += base
         out.kept_steps += kept
+        out.lost_steps += lost
+        for cause, line in split.items():
+            out.causes[cause].add(line.hours, line.usd)
+        if wait is not None and wait > 0:
+            out.causes["waiting_for_capacity"].add(wait / 3600.0, 0.0)
+        if free:
+            out.not_charged.add(used_s / 3600.0, aa.not_charged_usd)
         if a.end_reason is EndReason.RECLAIMED:
             out.preemptions += 1
             out.reclaims.append(a.ended_at or a.started_at)
+        if a.notice_at is not None:
+            out.notices.append(a.notice_at)
         if base and end is not None:
             out.baseline_spans.append((a.started_at, end, base))
-        if lost and rate:
-            out.waste["lost_work"].add(lost / rate / 3600.0, lost / rate * avg)
-        if prev[a.id] is not None:   # the first boot is not a restart
-            out.waste["restart_overhead"].add(
-                None if overhead is None else overhead / 3600.0,
-                None if overhead is None else overhead * avg)
-        if wait is not None and wait > 0:
-            out.waste["waiting_for_capacity"].add(wait / 3600.0, 0.0)
-        if a.checkpoint_stall_s:
-            out.waste["checkpoint_stall"].add(a.checkpoint_stall_s / 3600.0,
-                                              a.checkpoint_stall_s * avg)
+    for cause in WASTE_CAUSES:
+        out.waste[cause] = out.causes[cause]
     if any(prev[f[0].id] is not None and f[5] is None for f in facts):
         out.notes.append("restart overhead not measured for some attempts (no running_at)")
+
+
+def split_attempt(*, used_s: float, inst_usd: float, overhead_s: float | None,
+                  stall_s: float | None, kept_steps: int, lost_steps: int,
+                  steps_per_s: float | None, first: bool) -> dict[str, WasteLine]:
+    """One attempt's paid seconds and dollars by cause; the dollars sum to inst_usd exactly.
+
+    Boot (started -> running_at) is `startup` on the first attempt and `restart_overhead`
+    after; checkpoint stalls are measured; kept and lost steps take steps / speed seconds of
+    the training time left (scaled down together if that is more than there was); whatever
+    training time remains is `paid_idle` (the instance ran, no step was made or kept).
+    """
+    used = max(used_s, 0.0)
+    boot = min(max(overhead_s or 0.0, 0.0), used)
+    stall = min(max(stall_s or 0.0, 0.0), used - boot)
+    train = used - boot - stall
+    prod = kept_steps / steps_per_s if steps_per_s and kept_steps > 0 else 0.0
+    lost = lost_steps / steps_per_s if steps_per_s and lost_steps > 0 else 0.0
+    if steps_per_s is None and train > 0:
+        # No speed: the training time is split by steps, so nothing is left as idle.
+        total = kept_steps + max(lost_steps, 0)
+        prod, lost = (train * kept_steps / total, train * lost_steps / total) if total else \
+            (0.0, 0.0)
+    if prod + lost > train and prod + lost > 0:
+        scale = train / (prod + lost)
+        prod, lost = prod * scale, lost * scale
+    idle = max(train - prod - lost, 0.0)
+    secs = {"productive": prod, "lost_work": lost, "checkpoint_stall": stall,
+            "startup" if first else "restart_overhead": boot, "paid_idle": idle}
+    out = {c: WasteLine() for c in ATTEMPT_CAUSES}
+    if used <= 0:
+        out["paid_idle"] = WasteLine(0.0, inst_usd)   # a minimum charge with no run time
+        return out
+    usd_per_s = inst_usd / used
+    for cause, s in secs.items():
+        out[cause] = WasteLine(s / 3600.0, s * usd_per_s)
+    # Rounding: the largest line takes the last fraction of a cent, so the sum is exact.
+    big = max(out, key=lambda c: abs(out[c].usd or 0.0))
+    out[big].usd = (out[big].usd or 0.0) + inst_usd - sum(w.usd or 0.0 for w in out.values())
+    return out
 
 
 def _rates(facts: list, out: JobAudit) -> dict[str, float]:

@@ -78,7 +78,8 @@ def _panel(ax, job: JobAudit, mdates) -> None:
     saved = "" if job.saved_fraction is None else f", saved {job.saved_fraction * 100:.0f}%"
     ax.set_title(f"{job.id} ({job.state}): {job.preemptions} preemption(s){saved}", fontsize=10)
     ax.set_ylabel("cumulative USD")
-    ax.set_xlabel("provider time (UTC)")
+    ax.set_xlabel("provider time (UTC)" if job.time_scale == 1.0 else
+                  f"market time (UTC; the market runs x{job.time_scale:g} the wall)")
     locator = mdates.AutoDateLocator()
     ax.xaxis.set_major_locator(locator)
     ax.xaxis.set_major_formatter(mdates.ConciseDateFormatter(locator))

@@ -6,36 +6,51 @@ import csv
 import io
 from typing import Any
 
-from spotrun.audit.compute import WASTE_CAUSES, JobAudit
+from spotrun.audit.compute import CAUSES, WASTE_CAUSES, JobAudit
 
-# (key, table header); every key is also a CSV column, and a key of the --json objects
-# (waste_* keys map to json["waste"][cause]["usd" | "hours"]).
-TABLE_COLUMNS: list[tuple[str, str]] = [
-    ("id", "job"), ("state", "state"), ("spot_usd", "spot $"), ("on_demand_usd", "on-demand $"),
-    ("volume_usd", "volume $"), ("storage_usd", "storage $"), ("actual_usd", "actual $"),
-    ("baseline_on_demand_usd", "baseline $"), ("saved_usd", "saved $"),
-    ("saved_fraction", "saved %"), ("preemptions", "preempt."),
-    ("waste_lost_work_usd", "lost work $"), ("waste_restart_overhead_usd", "restart $"),
-    ("waste_waiting_for_capacity_hours", "wait h"), ("waste_checkpoint_stall_usd", "stall $"),
-    ("hindsight_optimal_usd", "optimal $"), ("hindsight_regret_usd", "regret $"),
+# (key, table header, priority: 0 = always shown, higher = dropped first on narrow
+# terminals); every key is also a CSV column and a key of the --json objects.
+TABLE_COLUMNS: list[tuple[str, str, int]] = [
+    ("id", "job", 0), ("state", "state", 3), ("actual_usd", "actual $", 0),
+    ("baseline_on_demand_usd", "baseline $", 0), ("saved_usd", "saved $", 2),
+    ("saved_fraction", "saved %", 1), ("preemptions", "reclaims", 2),
+    ("lost_steps", "lost steps", 3), ("not_charged_usd", "not charged $", 4),
+    ("spot_usd", "spot $", 5), ("on_demand_usd", "on-demand paid $", 5),
+    ("hindsight_optimal_usd", "hindsight opt. $", 6), ("hindsight_regret_usd", "regret $", 6),
 ]
+CAUSE_LABELS = {
+    "productive": "productive (steps kept)",
+    "lost_work": "lost work (steps run again)",
+    "startup": "startup (first boot, restore)",
+    "restart_overhead": "restart overhead (boot, restore)",
+    "paid_idle": "paid idle (no step made)",
+    "checkpoint_stall": "checkpoint stall",
+    "waiting_for_capacity": "waiting for capacity (unpaid)",
+    "node_replacement": "node replacement",
+    "storage": "storage (checkpoints, logs)",
+    "volumes": "volumes",
+    "other": "other",
+}
 CSV_COLUMNS: list[str] = (
-    [k for k, _ in TABLE_COLUMNS[:8]]
-    + ["baseline_reference_usd", "reference_instance", "saved_usd", "saved_fraction",
-       "preemptions", "kept_steps", "ledger_rows", "hindsight_regret_usd",
-       "hindsight_optimal_usd"]
+    ["id", "state", "spot_usd", "on_demand_usd", "volume_usd", "storage_usd", "other_usd",
+     "actual_usd", "baseline_on_demand_usd", "baseline_reference_usd", "reference_instance",
+     "saved_usd", "saved_fraction", "preemptions", "kept_steps", "lost_steps", "ledger_rows",
+     "not_charged_usd", "not_charged_hours", "hindsight_optimal_usd", "hindsight_regret_usd",
+     "causes_total_usd", "hours_clock"]
+    + [f"cause_{c}_{u}" for c in CAUSES for u in ("usd", "hours")]
     + [f"waste_{c}_{u}" for c in WASTE_CAUSES for u in ("hours", "usd")])
-_SUMMED = ["spot_usd", "on_demand_usd", "volume_usd", "storage_usd", "actual_usd",
-           "baseline_on_demand_usd", "baseline_reference_usd", "saved_usd", "preemptions",
-           "kept_steps", "ledger_rows", "hindsight_optimal_usd",
-           "hindsight_regret_usd"] + [f"waste_{c}_{u}" for c in WASTE_CAUSES
-                                           for u in ("hours", "usd")]
+_NOT_SUMMED = {"id", "state", "saved_fraction", "reference_instance", "hours_clock"}
 
 
 def flat(job: JobAudit) -> dict[str, Any]:
     """One job's figures as a flat mapping."""
     d = job.to_dict()
     row = {k: d.get(k) for k in CSV_COLUMNS if k in d}
+    row["not_charged_usd"] = d["not_charged"]["usd"]
+    row["not_charged_hours"] = d["not_charged"]["hours"]
+    for cause in CAUSES:
+        w = d["causes"].get(cause, {"hours": None, "usd": None})
+        row[f"cause_{cause}_usd"], row[f"cause_{cause}_hours"] = w["usd"], w["hours"]
     for cause in WASTE_CAUSES:
         w = d["waste"].get(cause, {"hours": None, "usd": None})
         row[f"waste_{cause}_hours"] = w["hours"]
@@ -47,11 +62,15 @@ def totals(jobs: list[JobAudit]) -> dict[str, Any]:
     """Sums over jobs (the saved fraction of the sums, not a mean of fractions)."""
     rows = [flat(j) for j in jobs]
     out: dict[str, Any] = {"id": "TOTAL", "state": ""}
-    for k in _SUMMED:
-        vals = [r[k] for r in rows if r.get(k) is not None]
+    for k in CSV_COLUMNS:
+        if k in _NOT_SUMMED:
+            continue
+        vals = [r[k] for r in rows if isinstance(r.get(k), (int, float))]
         out[k] = sum(vals) if vals else None
     base = out["baseline_on_demand_usd"] or 0.0
     out["saved_fraction"] = out["saved_usd"] / base if base > 0 else None
+    clocks = {r.get("hours_clock") for r in rows}
+    out["hours_clock"] = clocks.pop() if len(clocks) == 1 else ""
     return out
 
 
@@ -80,9 +99,32 @@ def cell(key: str, v: Any) -> str:
     if key == "saved_fraction":
         return f"{v * 100:.1f}%"
     if key.endswith("_hours"):
-        return f"{v:.2f}"
+        return f"{v:.3f}"
     if isinstance(v, float):
         if 0 < abs(v) < 0.001:
             return f"{v:.6f}"   # storage lines are often fractions of a cent
         return f"{v:,.2f}" if abs(v) >= 10 else f"{v:.4f}"
     return str(v)
+
+
+def cause_rows(job: JobAudit) -> list[dict[str, str]]:
+    """The causes table of one job: every cause in $ and h, the total, then what is not in it."""
+    total = job.actual_usd
+    rows = []
+    for cause in CAUSES:
+        w = job.causes.get(cause)
+        if w is None:
+            continue
+        share = (w.usd or 0.0) / total if total > 0 else None
+        rows.append({"cause": CAUSE_LABELS.get(cause, cause), "usd": cell("usd", w.usd or 0.0),
+                     "hours": cell("x_hours", w.hours),
+                     "share": "-" if share is None else f"{share * 100:.1f}%"})
+    rows.append({"cause": "= actual (sum of the causes)",
+                 "usd": cell("usd", job.causes_total_usd()),
+                 "hours": "", "share": "100.0%" if total > 0 else "-"})
+    rows.append({"cause": "not charged: free reclaims (first hour)",
+                 "usd": f"({cell('usd', job.not_charged.usd or 0.0)})",
+                 "hours": cell("x_hours", job.not_charged.hours), "share": ""})
+    rows.append({"cause": "hindsight optimum (what-if, not spent)",
+                 "usd": f"({cell('usd', job.hindsight_optimal_usd)})", "hours": "", "share": ""})
+    return rows

@@ -29,6 +29,7 @@ VERBS: dict[str, str] = {
     "market": "spotrun.cli.market:market",
     "demo": "spotrun.cli.demo:demo",
     "doctor": "spotrun.cli.doctor:doctor",
+    "ui": "spotrun.ui.cli:ui",
 }
 
 HELP = {
@@ -46,6 +47,7 @@ HELP = {
     "market": "The local provider's simulated spot market (a separate process).",
     "demo": "Train a small real PyTorch job through reclaims, end to end.",
     "doctor": "Check cloud credentials, quotas and resources; say what to fix.",
+    "ui": "Serve a read-only web dashboard (and /metrics) on 127.0.0.1.",
 }
 
 

@@ -12,9 +12,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from spotrun.audit import audit_jobs
-from spotrun.audit.regret import use_observed_model
-from spotrun.audit.render import TABLE_COLUMNS, cell, flat, to_csv, totals
+from spotrun.audit.render import TABLE_COLUMNS, cause_rows, cell, flat, to_csv, totals
 from spotrun.catalog import load_catalog
 from spotrun.cli.common import echo_json, get_settings, open_state_db
 from spotrun.db import session
@@ -44,17 +42,25 @@ def catalog_od_price(region: str):
 
 @click.command()
 @click.argument("jobs", nargs=-1)
-@click.option("--since", help="Only spend booked at or after this time (ISO-8601, UTC).")
-@click.option("--until", help="Only spend booked before this time (ISO-8601, UTC).")
+@click.option("--since", help="Only spend booked at or after this time "
+                              "(ISO-8601, UTC, provider clock).")
+@click.option("--until", help="Only spend booked before this time (ISO-8601, UTC, provider clock).")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON list of jobs.")
 @click.option("--csv", "as_csv", is_flag=True, help="Print CSV: one row per job, then TOTAL.")
+@click.option("--wide", is_flag=True, help="Show every column, however wide the terminal.")
 @click.option("--plot", "plot_file", type=click.Path(dir_okay=False),
               help="Write cumulative spend vs baseline with reclaims marked (PNG).")
 @click.option("--reconcile", "do_reconcile", is_flag=True,
               help="Compare each job's ledger with AWS Cost Explorer (tag spotrun:job).")
 def audit(jobs: tuple[str, ...], since: str | None, until: str | None, as_json: bool,
-          as_csv: bool, plot_file: str | None, do_reconcile: bool) -> None:
-    """Actual spend against the on-demand baseline for JOBS (default: every job)."""
+          as_csv: bool, wide: bool, plot_file: str | None, do_reconcile: bool) -> None:
+    """Actual spend against the on-demand baseline for JOBS (default: every job).
+
+    Every dollar lands in one cause (productive, lost work, startup, restart overhead,
+    paid idle, checkpoint stall, node replacement, storage, volumes, other); the causes
+    sum to `actual_usd`. Hours are on the provider's clock (the local market's is faster
+    than the wall). Free reclaims are shown apart, as not charged.
+    """
     if as_json and as_csv:
         raise BadInputError("give --json or --csv, not both", field="--csv")
     if do_reconcile:
@@ -65,12 +71,10 @@ def audit(jobs: tuple[str, ...], since: str | None, until: str | None, as_json: 
         raise BadInputError("must be after --since", field="--until", value=until)
     if plot_file and not plot_file.lower().endswith(".png"):
         raise BadInputError("allowed: a file name ending in .png", field="--plot", value=plot_file)
+    from spotrun.ui.views import audit_view
     settings = get_settings()
-    use_observed_model(settings)
-    engine = open_state_db(settings, jobs[0] if jobs else None)
-    with session(engine) as s:
-        result = audit_jobs(s, list(jobs), since=t_since, until=t_until,
-                            od_price=catalog_od_price(settings.region))
+    result = audit_view(settings, list(jobs), since=t_since, until=t_until,
+                        engine=open_state_db(settings, jobs[0] if jobs else None))
     if plot_file:
         from spotrun.audit.plot import plot_audit
         plot_audit(result, plot_file)
@@ -79,7 +83,7 @@ def audit(jobs: tuple[str, ...], since: str | None, until: str | None, as_json: 
     elif as_csv:
         click.echo(to_csv(result), nl=False)
     else:
-        _table(result)
+        _table(result, wide)
         if plot_file:
             click.echo(f"plot written to {plot_file}", err=True)
 
@@ -132,27 +136,32 @@ def _jobs(s, refs: list[str]):
     return out
 
 
-def _table(result) -> None:
+def _table(result, wide: bool = False) -> None:
+    from spotrun.cli.tables import Column, print_table
     console = Console()
     rows = [flat(job) for job in result]
     if len(result) != 1:
         rows.append(totals(result))
-    if len(rows) <= 4:
-        # Few jobs: one column per job, one row per figure, readable in 80 columns.
-        t = Table(title="spend audit (USD)")
-        t.add_column("")
-        for row in rows:
-            t.add_column(str(row.get("id")), justify="right")
-        for key, header in TABLE_COLUMNS[1:]:
-            t.add_row(header, *[cell(key, row.get(key)) for row in rows])
-    else:
-        t = Table(title="spend audit (USD)")
-        for key, header in TABLE_COLUMNS:
-            t.add_column(header, justify="left" if key in ("id", "state") else "right")
-        for i, row in enumerate(rows):
-            t.add_row(*[cell(k, row.get(k)) for k, _ in TABLE_COLUMNS],
-                      style="bold" if i == len(result) else None)
-    console.print(t)
-    notes = [f"{j.id}: {n}" for j in result for n in j.notes]
-    for n in notes:
-        click.echo(f"note: {n}")
+    cols = [Column(k, h, p, "left" if k in ("id", "state") else "right")
+            for k, h, p in TABLE_COLUMNS]
+    text = [{k: (str(r.get(k) or "") if k in ("id", "state") else cell(k, r.get(k)))
+             for k, _h, _p in TABLE_COLUMNS} for r in rows]
+    print_table(console, "spend audit (USD; baseline = on-demand for the same progress)", cols,
+                text, wide=wide,
+                bold_rows=[len(result)] if len(result) != 1 else [])
+    ccols = [Column("cause", "cause"), Column("usd", "$", 0, "right"),
+             Column("hours", "h", 1, "right"), Column("share", "share", 2, "right")]
+    for job in result:
+        clock = "market" if job.time_scale != 1.0 else "provider"
+        print_table(console, f"{job.id}: where the money went (h = {clock}-clock hours)",
+                    ccols, cause_rows(job), wide=wide)
+    for j in result:
+        for n in j.notes:
+            console.print(f"note: {j.id}: {n}", highlight=False)
+    if any((j.not_charged.usd or 0) > 0 for j in result):
+        console.print("note: not charged = spot reclaimed by the provider in its first hour: "
+                      "AWS bills nothing for it (not part of actual).", highlight=False)
+    if any(j.hindsight_optimal_usd is not None for j in result):
+        console.print("note: hindsight optimum = the cheapest schedule knowing the market in "
+                      "advance; it pays every second, so free reclaims can beat it (regret < 0).",
+                      highlight=False)

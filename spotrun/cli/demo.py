@@ -50,7 +50,7 @@ def demo(time_scale: float | None, start_tick: int | None, timeout_s: float,
         finally:
             d.stop_market(home)
     console.print(f"job {result.job_id} {result.state} after {result.attempts} attempt(s), "
-                  f"{result.reclaims} reclaim(s), {result.wall_s:.0f} s")
+                  f"{result.reclaims} reclaim(s), {result.wall_s:.0f} s wall")
     from spotrun.cli.jobs import status as status_cmd
     ctx = click.get_current_context()
     ctx.invoke(status_cmd, job_ref=result.job_id, show_events=False, as_json=False)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import time
 from typing import Any
 
@@ -12,11 +13,10 @@ from rich.table import Table
 
 from spotrun import layout
 from spotrun.cli.common import echo_json, get_settings, json_option, open_state_db
-from spotrun.db import Attempt, Event, Job, attempts_of, find_job, iter_jobs, session
+from spotrun.db import Attempt, Job, find_job, session
 from spotrun.errors import NotFoundError
 from spotrun.jobs import request_cancel, resume_job, submit as submit_job, validate_submission
 from spotrun.store import open_store
-from sqlmodel import select
 
 
 @click.command()
@@ -59,96 +59,111 @@ def submit(spec_file: str, dry_run: bool, as_json: bool) -> None:
 
 
 def job_dict(job: Job, attempts: list[Attempt]) -> dict[str, Any]:
-    """The `status --json` view of one job (the brief's contract plus progress)."""
-    return {
-        "id": job.id, "name": job.name, "state": job.state.value,
-        "created_at": job.created_at, "updated_at": job.updated_at,
-        "step": job.last_step, "total_steps": job.total_steps,
-        "cancel_requested": job.cancel_requested, "reason": job.reason,
-        "budget_usd": job.budget_usd, "checkpoint_uri": job.checkpoint_uri,
-        "attempts": [{
-            "number": a.number, "state": a.state.value, "market": a.market.value,
-            "instance_type": a.instance_type, "zone": a.zone, "instance_id": a.instance_id,
-            "price_usd_per_hour": a.price_usd_per_hour, "started_at": a.started_at,
-            "ended_at": a.ended_at, "end_reason": a.end_reason.value if a.end_reason else None,
-            "start_step": a.start_step, "last_step": a.last_step, "notice_at": a.notice_at,
-            "detail": a.detail if a.state.is_terminal() else None,
-        } for a in attempts],
-    }
+    """The `status --json` view of one job (kept for callers; see spotrun.ui.views)."""
+    from spotrun.ui.views import job_dict as view
+    return view(job, attempts)
 
 
 @click.command()
 @click.argument("job_ref", required=False)
 @click.option("--events", "show_events", is_flag=True, help="Also list the job's events.")
+@click.option("--wide", is_flag=True, help="Show every column, however wide the terminal.")
 @json_option
-def status(job_ref: str | None, show_events: bool, as_json: bool) -> None:
-    """Show all jobs, or one job's timeline of attempts (JOB_REF: id or name)."""
+def status(job_ref: str | None, show_events: bool, wide: bool, as_json: bool) -> None:
+    """Show all jobs, or one job's timeline of attempts (JOB_REF: id or name).
+
+    `--json` prints a list of jobs, or one object when JOB_REF is given. Times ending
+    `_market` are on the provider's clock (the local market runs faster than the wall),
+    `_wall` on the wall clock; each job's `clock` says which is which.
+    """
+    from spotrun.ui.views import status_view
     settings = get_settings()
-    engine = open_state_db(settings, job_ref)
-    with session(engine) as s:
-        if job_ref:
-            job = find_job(s, job_ref)
-            if job is None:
-                raise NotFoundError("no such job", field="JOB", value=job_ref)
-            jobs = [job]
-        else:
-            jobs = list(iter_jobs(s))
-        data = [job_dict(j, attempts_of(s, j.id)) for j in jobs]
-        events = {}
-        if job_ref or show_events:
-            for j in jobs:
-                events[j.id] = list(s.exec(select(Event).where(Event.job_id == j.id)
-                                           .order_by(Event.id)))
+    data = status_view(settings, job_ref, events=show_events,
+                       engine=open_state_db(settings, job_ref))
     if as_json:
-        if show_events:
-            for d in data:
-                d["events"] = [{"ts": e.ts, "kind": e.kind, "detail": e.detail}
-                               for e in events.get(d["id"], [])]
         echo_json(data)
         return
     console = Console()
     if not job_ref:
-        print_jobs(console, data)
+        print_jobs(console, data, wide=wide)
         return
-    print_timeline(console, data[0], events.get(data[0]["id"], []))
+    print_timeline(console, data, data.get("events", []), wide=wide)
 
 
-def print_jobs(console: Console, data: list[dict[str, Any]]) -> None:
-    """A table of jobs."""
-    t = Table(title="jobs")
-    for col in ("id", "state", "progress", "attempts", "reclaims", "current"):
-        t.add_column(col)
+def _money(v: float | None) -> str:
+    return "-" if v is None else f"{v:.4f}" if abs(v) < 10 else f"{v:,.2f}"
+
+
+def print_jobs(console: Console, data: list[dict[str, Any]], *, wide: bool = False) -> None:
+    """A table of jobs: ids whole; at narrow widths the low-priority columns drop out."""
+    from spotrun.cli.tables import Column, print_table
+    cols = [Column("id", "id"), Column("state", "state"), Column("progress", "progress", 1),
+            Column("reclaims", "reclaims", 1, "right"), Column("spend", "spend $", 2, "right"),
+            Column("attempts", "attempts", 3, "right"), Column("current", "current", 4)]
+    rows = []
     for d in data:
         att = d["attempts"]
         cur = next((a for a in reversed(att) if a["state"] != "ended"), None)
         prog = f"{d['step']}/{d['total_steps']}" if d["total_steps"] else str(d["step"])
-        t.add_row(d["id"], d["state"], prog, str(len(att)),
-                  str(sum(1 for a in att if a["end_reason"] == "reclaimed")),
-                  f"{cur['instance_type']} {cur['zone']} {cur['market']}" if cur else "-")
-    console.print(t)
+        rows.append({"id": d["id"], "state": d["state"], "progress": prog,
+                     "reclaims": str(d["reclaims"]), "spend": _money(d.get("spend_usd")),
+                     "attempts": str(len(att)),
+                     "current": f"{cur['instance_type']} {cur['zone']} {cur['market']}"
+                     if cur else "-"})
+    print_table(console, "jobs", cols, rows, wide=wide)
 
 
-def print_timeline(console: Console, d: dict[str, Any], events: list[Event]) -> None:
+def steps_text(a: dict[str, Any]) -> str:
+    """An attempt's steps as `resumed from R, ran to E` (E unknown: `?`)."""
+    end = "?" if a.get("ran_to") is None else str(a["ran_to"])
+    return f"resumed from {a['resumed_from']}, ran to {end}"
+
+
+def print_timeline(console: Console, d: dict[str, Any], events: list[dict[str, Any]], *,
+                   wide: bool = False) -> None:
     """One job: header, attempts table, events."""
+    from spotrun.cli.tables import Column, print_table
+    clock = (d.get("clock") or {}).get("provider_clock", "provider")
+    scale = (d.get("clock") or {}).get("time_scale", 1.0)
     prog = f"{d['step']}/{d['total_steps']}" if d["total_steps"] else str(d["step"])
-    console.print(f"[bold]{d['id']}[/bold]  state [bold]{d['state']}[/bold]  step {prog}"
-                  + (f"  ({d['reason']})" if d["reason"] else ""))
-    t = Table(title="attempts")
-    for col in ("#", "pool", "$/h", "ran", "steps", "end"):
-        t.add_column(col, no_wrap=True)
-    for a in d["attempts"]:
-        t.add_row(str(a["number"]), f"{a['instance_type']} {a['zone']} {a['market']}",
-                  f"{a['price_usd_per_hour']:.3f}", _span(a["started_at"], a["ended_at"]),
-                  f"{a['start_step']}->{a['last_step']}", a["end_reason"] or a["state"])
-    console.print(t)
+    console.print(f"[bold]{d['id']}[/bold]  state [bold]{d['state']}[/bold]  step {prog}  "
+                  f"reclaims {d['reclaims']}" + (f"  ({d['reason']})" if d["reason"] else ""),
+                  soft_wrap=True)
+    if scale != 1.0:
+        console.print(f"times: run and start on the market clock (x{scale:g} the wall); "
+                      "events on the wall clock", style="dim", soft_wrap=True)
+    cols = [Column("n", "#", 0, "right"), Column("steps", "steps", 0),
+            Column("end", "end", 0), Column("pool", "pool", 1),
+            Column("ran", f"ran ({clock})", 2, "right"),
+            Column("price", "$/h", 3, "right"),
+            Column("start", f"start ({clock})", 4), Column("instance", "instance", 5)]
+    rows = [{"n": str(a["number"]), "pool": f"{a['instance_type']} {a['zone']} {a['market']}",
+             "price": f"{a['price_usd_per_hour']:.3f}",
+             "ran": _span(a["started_at_market"], a["ended_at_market"]),
+             "steps": steps_text(a), "end": a["end_reason"] or a["state"],
+             "start": a["started_at_market"].strftime("%Y-%m-%d %H:%M:%S")
+             if a["started_at_market"] else "-",
+             "instance": a["instance_id"] or "-"} for a in d["attempts"]]
+    print_table(console, "attempts", cols, rows, wide=wide)
     if events:
-        e = Table(title="events")
-        e.add_column("time")
-        e.add_column("event")
-        e.add_column("detail")
+        e = Table(title="events (wall clock)")
+        e.add_column("time", no_wrap=True)
+        e.add_column("event", no_wrap=True)
+        e.add_column("detail", overflow="fold")
         for ev in events:
-            e.add_row(ev.ts.strftime("%H:%M:%S"), ev.kind, ev.detail)
+            e.add_row(ev["ts_wall"].strftime("%H:%M:%S"), ev["kind"],
+                      label_times(ev["detail"], clock))
         console.print(e)
+
+
+_ISO_TIME = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?(?:Z|[+-]\d\d:\d\d)?")
+
+
+def label_times(detail: str, clock: str) -> str:
+    """Mark the times inside an event's text: they come from the provider (a notice's time)."""
+    if clock == "provider":
+        return detail
+    return _ISO_TIME.sub(lambda m: f"{m.group(0)} ({clock})", detail)
 
 
 def _span(start: Any, end: Any) -> str:

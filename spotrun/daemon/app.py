@@ -10,6 +10,7 @@ from spotrun.config import Settings
 from spotrun.daemon.context import Clock, DaemonContext, SystemClock
 from spotrun.daemon.heartbeats import HeartbeatLoop, LivenessLoop
 from spotrun.daemon.lease import Lease, LeaseGuard
+from spotrun.daemon.notify import NotifyLoop
 from spotrun.daemon.orphans import OrphanLoop
 from spotrun.daemon.reconcile import ReconcileLoop
 from spotrun.daemon.runner import Runner, Scheduled
@@ -59,6 +60,7 @@ def build_loops(ctx: DaemonContext) -> list[Scheduled]:
                                      stop_margin_s=max(900.0, STOP_WALL_S * scale)),
                            d.spend_interval_s))
     loops.append(Scheduled(PriceLoop(ctx.engine, ctx.provider), d.price_interval_s))
+    loops.append(Scheduled(NotifyLoop(ctx), ctx.settings.notify.interval_s))
     return loops
 
 

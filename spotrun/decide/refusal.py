@@ -57,7 +57,7 @@ def refusal(spec: JobSpec, ranking: Ranking, *, catalog: Catalog, market: Any, h
                          f": {first})" if ranking.rejected else "no allowed pool can run the job",
                          field=which, hint=hint)
     first = ranking.rejected[0] if ranking.rejected else None
-    return SpecError(f"no catalog type can run the job"
+    return SpecError("no catalog type can run the job"
                      + (f" ({first.instance_type}: {first.reason})" if first else ""),
                      field="resources")
 

@@ -1,0 +1,138 @@
+"""Which alerts the database calls for now; each has a key that makes it happen once.
+
+Sources: job events (failed, succeeded, attempt_reclaimed, budget_exhausted and
+`checkpoint_save_failed*`) after a watermark; the ledger against each active job's budget
+(`budget_warn_fraction`, then 100%); the policy's slack for deadline jobs (at risk when
+even on-demand from now would finish after the deadline: `JobProgress.slack_s < 0`); and
+running attempts' heartbeats (`checkpoint_save_failures` > 0).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Callable
+
+from sqlalchemy import func
+from sqlmodel import Session, select
+
+from spotrun import layout
+from spotrun.db import Attempt, Event, Job, SpendEntry
+from spotrun.states import AttemptState
+
+OVERLAP_IDS = 200   # events re-read below the watermark (ids may commit out of order)
+_EVENT_KINDS = {"failed": "job_failed", "succeeded": "job_succeeded",
+                "attempt_reclaimed": "job_reclaimed", "budget_exhausted": "budget_100"}
+
+
+@dataclass(frozen=True)
+class Alert:
+    """One alert to send: its once-only key, event name, job and message."""
+
+    key: str
+    event: str
+    job_id: str
+    text: str
+
+
+def _budget_of(job: Job) -> float | None:
+    return job.budget_usd if job.budget_usd is not None else \
+        (job.spec.get("policy") or {}).get("budget_usd")
+
+
+def from_events(s: Session, after_id: int) -> tuple[list[Alert], int]:
+    """Alerts from job events with id > after_id - OVERLAP_IDS; and the new watermark."""
+    rows = list(s.exec(select(Event).where(Event.id > max(after_id - OVERLAP_IDS, 0))
+                       .order_by(Event.id)))
+    out: list[Alert] = []
+    for ev in rows:
+        event = _EVENT_KINDS.get(ev.kind)
+        if event is None and ev.kind.startswith("checkpoint_save_fail"):
+            event = "checkpoint_save_failing"
+        if event is None:
+            continue
+        job = s.get(Job, ev.job_id)
+        if job is None:
+            continue
+        if event == "budget_100":
+            budget = _budget_of(job)
+            out.append(Alert(f"budget_100:{job.id}:{budget}", event, job.id,
+                             f"spotrun: job {job.id} stopped at its budget "
+                             f"(${budget}): {ev.detail}"))
+        elif event == "job_reclaimed":
+            out.append(Alert(f"job_reclaimed:{job.id}:{ev.attempt_id}", event, job.id,
+                             f"spotrun: job {job.id} reclaimed: {ev.detail}; it resumes from "
+                             f"its last checkpoint"))
+        elif event == "checkpoint_save_failing":
+            out.append(Alert(f"checkpoint_save_failing:{job.id}:{ev.attempt_id}", event, job.id,
+                             f"spotrun: job {job.id}: checkpoint saves are failing: {ev.detail}"))
+        else:
+            verb = "failed" if event == "job_failed" else "succeeded"
+            why = f": {job.reason}" if job.reason and event == "job_failed" else ""
+            out.append(Alert(f"{event}:{job.id}", event, job.id,
+                             f"spotrun: job {job.id} {verb}{why} ({ev.detail})"))
+    return out, max([after_id] + [ev.id for ev in rows if ev.id is not None])
+
+
+def from_budgets(s: Session, warn_fraction: float) -> list[Alert]:
+    """Budget crossings of active jobs (ledger spend against the job's budget)."""
+    spend = {jid: usd for jid, usd in s.exec(select(SpendEntry.job_id, func.sum(SpendEntry.usd))
+                                             .group_by(SpendEntry.job_id))}
+    out = []
+    for job in s.exec(select(Job)):
+        budget = _budget_of(job)
+        if budget is None or budget <= 0 or job.state.is_terminal():
+            continue
+        spent = float(spend.get(job.id) or 0.0)
+        for frac, event in ((1.0, "budget_100"), (warn_fraction, "budget_80")):
+            if spent >= frac * budget:
+                out.append(Alert(f"{event}:{job.id}:{budget}", event, job.id,
+                                 f"spotrun: job {job.id} has spent ${spent:.2f} of its "
+                                 f"${budget:g} budget ({spent / budget * 100:.0f}%)"))
+    return out
+
+
+def from_deadlines(s: Session, provider_now: datetime, changeover_s: float) -> list[Alert]:
+    """Deadline jobs the policy's own estimate says can no longer make it (slack < 0)."""
+    from spotrun.policy import JobProgress
+    out = []
+    for job in s.exec(select(Job).where(Job.deadline_at.is_not(None))):
+        if job.state.is_terminal() or not job.total_steps:
+            continue
+        rates = [a.steps_per_s for a in s.exec(select(Attempt).where(Attempt.job_id == job.id)
+                                                .order_by(Attempt.number)) if a.steps_per_s]
+        if not rates:
+            continue
+        sps = rates[-1]
+        p = JobProgress(work_total_s=job.total_steps / sps, work_done_s=job.last_step / sps,
+                        time_left_s=(job.deadline_at - provider_now).total_seconds(),
+                        elapsed_s=0.0, changeover_s=changeover_s, tick_s=0.0)
+        if p.slack_s < 0:
+            out.append(Alert(f"deadline_at_risk:{job.id}:{job.deadline_at.isoformat()}",
+                             "deadline_at_risk", job.id,
+                             f"spotrun: job {job.id} is at risk of missing its deadline "
+                             f"{job.deadline_at.isoformat()}: {p.remaining_s / 3600:.2f} h of "
+                             f"work left, {p.time_left_s / 3600:.2f} h to go (even on-demand "
+                             f"from now would be {-p.slack_s / 3600:.2f} h late)"))
+    return out
+
+
+def from_heartbeats(s: Session, store_for: Callable[[str], Any]) -> list[Alert]:
+    """Running attempts whose heartbeat reports failed checkpoint saves."""
+    out = []
+    for att, job in s.exec(select(Attempt, Job).where(Attempt.state == AttemptState.RUNNING,
+                                                      Attempt.job_id == Job.id)):
+        try:
+            beat = json.loads(store_for(job.store_uri).get_bytes(
+                layout.heartbeat_key(job.id, att.number)))
+        except Exception:   # no heartbeat yet, or the store is down: nothing to say
+            continue
+        failures = beat.get("checkpoint_save_failures") if isinstance(beat, dict) else None
+        if isinstance(failures, int) and failures > 0:
+            out.append(Alert(f"checkpoint_save_failing:{job.id}:{att.id}",
+                             "checkpoint_save_failing", job.id,
+                             f"spotrun: job {job.id} attempt {att.number}: {failures} "
+                             f"checkpoint save(s) failed; progress since the last good "
+                             f"checkpoint is at risk"))
+    return out

@@ -1,0 +1,36 @@
+"""The outbox: one row per (event, webhook), unique, so an event is queued once for good.
+
+Detection inserts rows (a second insert of the same key is refused by the unique
+constraint, whichever daemon or restart tries it); delivery sets `delivered_at`. A daemon
+killed between a successful POST and its commit sends that message again after the
+restart (at-least-once at that one point); every POST carries `X-Spotrun-Event-Id` so
+a receiver can drop such a repeat.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from sqlalchemy import UniqueConstraint
+from sqlmodel import Field, SQLModel
+
+from spotrun.db import UTCDateTime, utcnow
+
+
+class NotifyOutbox(SQLModel, table=True):
+    """An alert waiting for, or done with, delivery to one webhook."""
+
+    __table_args__ = (UniqueConstraint("event_key", "webhook", name="uq_notify_event_webhook"),)
+
+    id: int | None = Field(default=None, primary_key=True)
+    event_key: str = Field(index=True)      # e.g. "job_failed:<job>", "budget_80:<job>:<usd>"
+    event: str                              # one of spotrun.notify.EVENTS
+    job_id: str = Field(index=True)
+    webhook: str                            # the webhook's name in [notify] webhooks
+    text: str
+    created_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)   # wall clock
+    rounds: int = 0                         # delivery rounds tried (each with retries)
+    next_try_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
+    delivered_at: datetime | None = Field(default=None, sa_type=UTCDateTime, index=True)
+    given_up: bool = False
+    last_error: str = ""

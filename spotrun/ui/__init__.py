@@ -1,0 +1,1 @@
+"""Watching jobs: the views shared by the CLI's --json and the dashboard, the server, metrics."""

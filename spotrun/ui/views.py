@@ -1,0 +1,223 @@
+"""One function per view: the CLI's --json and the dashboard's JSON are the same calls.
+
+`status_view` is `spotrun status --json` (a list, or one object for one job), `audit_view`
+is `spotrun audit` (its JSON is `[a.to_dict() ...]`), `job_page` is what the dashboard's
+job page shows (status + audit + curves + log tail). They only read the database and the
+store's reports; they never call a cloud.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from typing import Any, Callable
+
+from sqlalchemy import func
+from sqlmodel import Session, select
+
+from spotrun import layout
+from spotrun.db import Attempt, Event, Job, SpendEntry, attempts_of, find_job, iter_jobs, \
+    open_settings_db, session
+from spotrun.errors import NotFoundError
+from spotrun.ui.clock import clock_info, provider_now, time_scale
+
+LOG_TAIL_BYTES = 8000
+
+
+class Reports:
+    """The agents' own last reports per attempt (heartbeat, exit), read from the store."""
+
+    def __init__(self, opener: Callable[[str], Any] | None = None) -> None:
+        from spotrun.store import open_store
+        self._open = opener or open_store
+        self._stores: dict[str, Any] = {}
+        self._final: dict[tuple[str, int], int | None] = {}   # ended attempts: never change
+
+    def store(self, uri: str) -> Any:
+        """The store at uri, opened once."""
+        if uri not in self._stores:
+            self._stores[uri] = self._open(uri)
+        return self._stores[uri]
+
+    def _json(self, uri: str, key: str) -> dict | None:
+        try:
+            obj = json.loads(self.store(uri).get_bytes(key))
+        except Exception:   # a missing or unreadable report is simply not known
+            return None
+        return obj if isinstance(obj, dict) else None
+
+    def final_step(self, job: Job, att: Attempt) -> int | None:
+        """The last step the attempt's agent reported (its last heartbeat or its exit)."""
+        known = (job.id, att.number)
+        if known in self._final:
+            return self._final[known]
+        steps = []
+        for key in (layout.heartbeat_key(job.id, att.number), layout.exit_key(job.id, att.number)):
+            rep = self._json(job.store_uri, key)
+            if rep is not None and isinstance(rep.get("step"), int):
+                steps.append(rep["step"])
+        found = max(steps) if steps else None
+        if getattr(att, "ended_at", None) is not None:
+            self._final[known] = found
+        return found
+
+    def log_tail(self, job: Job, max_bytes: int = LOG_TAIL_BYTES) -> str:
+        """The end of the job's output, all attempts in order."""
+        try:
+            store = self.store(job.store_uri)
+            keys = sorted(o.key for o in store.list(f"{layout.job_prefix(job.id)}/logs/")
+                          if o.key.endswith(".log"))
+            chunks: list[bytes] = []
+            size = 0
+            for key in reversed(keys):
+                data = store.get_bytes(key)
+                chunks.insert(0, data)
+                size += len(data)
+                if size >= max_bytes:
+                    break
+        except Exception:   # the store may be unreachable: the page shows no log
+            return ""
+        return b"".join(chunks)[-max_bytes:].decode("utf-8", errors="replace")
+
+
+def _job(s: Session, ref: str) -> Job:
+    job = find_job(s, ref)
+    if job is None:
+        raise NotFoundError("no such job", field="JOB", value=ref, hint="see `spotrun status`")
+    return job
+
+
+def job_dict(job: Job, attempts: list[Attempt], *, reports: Reports | None = None,
+             spend_usd: float | None = None, clock: dict | None = None) -> dict[str, Any]:
+    """The `status --json` view of one job (the brief's contract plus progress)."""
+    atts = []
+    for a in attempts:
+        reported = reports.final_step(job, a) if reports is not None and a.started_at else None
+        ran_to = max(a.last_step, reported or 0)
+        atts.append({
+            "number": a.number, "state": a.state.value, "market": a.market.value,
+            "instance_type": a.instance_type, "zone": a.zone, "instance_id": a.instance_id,
+            "price_usd_per_hour": a.price_usd_per_hour,
+            "started_at_market": a.started_at, "ended_at_market": a.ended_at,
+            "notice_at_market": a.notice_at, "running_at_market": a.running_at,
+            "created_at_wall": a.created_at,
+            "end_reason": a.end_reason.value if a.end_reason else None,
+            "resumed_from": a.start_step,
+            # None: no step reported yet (a heartbeat from before the restore says nothing).
+            "ran_to": ran_to if a.started_at is not None and ran_to >= a.start_step else None,
+            "start_step": a.start_step, "last_step": a.last_step,
+            "detail": a.detail if a.state.is_terminal() else None,
+        })
+    budget = job.budget_usd
+    return {
+        "id": job.id, "name": job.name, "state": job.state.value,
+        "created_at_wall": job.created_at, "updated_at_wall": job.updated_at,
+        "step": job.last_step, "total_steps": job.total_steps,
+        "progress": (job.last_step / job.total_steps) if job.total_steps else None,
+        "cancel_requested": job.cancel_requested, "reason": job.reason,
+        "budget_usd": budget, "spend_usd": spend_usd,
+        "budget_headroom_usd": (budget - spend_usd) if budget is not None
+        and spend_usd is not None else None,
+        "deadline_at_market": job.deadline_at or _spec_deadline(job),
+        "reclaims": sum(1 for a in attempts if a.end_reason is not None
+                        and a.end_reason.value == "reclaimed"),
+        "checkpoint_uri": job.checkpoint_uri,
+        "clock": clock or {},
+        "attempts": atts,
+    }
+
+
+def _spec_deadline(job: Job) -> datetime | None:
+    raw = (job.spec.get("policy") or {}).get("deadline")
+    if not raw:
+        return None
+    try:
+        return datetime.fromisoformat(str(raw).replace("Z", "+00:00"))
+    except ValueError:
+        return None
+
+
+def spend_by_job(s: Session) -> dict[str, float]:
+    """Every job's ledger total (USD)."""
+    rows = s.exec(select(SpendEntry.job_id, func.sum(SpendEntry.usd)).group_by(SpendEntry.job_id))
+    return {jid: float(total or 0.0) for jid, total in rows}
+
+
+def status_view(settings: Any, ref: str | None = None, *, events: bool = False,
+                reports: Reports | None = None, engine: Any = None) -> Any:
+    """`spotrun status --json`: a list of jobs; with ref, that one job as an object."""
+    engine = engine or open_settings_db(settings)
+    reports = reports or Reports()
+    clock = clock_info(settings)
+    now: datetime | None = None
+    with session(engine) as s:
+        jobs = [_job(s, ref)] if ref else list(iter_jobs(s))
+        spend = spend_by_job(s)
+        data = []
+        for j in jobs:
+            d = job_dict(j, attempts_of(s, j.id), reports=reports, spend_usd=spend.get(j.id, 0.0),
+                         clock=clock)
+            dl = d["deadline_at_market"]
+            if dl is not None and not j.state.is_terminal():
+                now = now or provider_now(settings)   # reads the market's clock: only if needed
+                d["deadline_headroom_s_market"] = (dl - now).total_seconds()
+            else:
+                d["deadline_headroom_s_market"] = None
+            if events or ref:
+                d["events"] = [{"ts_wall": e.ts, "kind": e.kind, "detail": e.detail}
+                               for e in s.exec(select(Event).where(Event.job_id == j.id)
+                                               .order_by(Event.id))]
+            data.append(d)
+    return data[0] if ref else data
+
+
+def audit_view(settings: Any, refs: list[str] | None = None, *, since: datetime | None = None,
+               until: datetime | None = None, hindsight: bool = True,
+               reports: Reports | None = None, engine: Any = None) -> list:
+    """`spotrun audit`: JobAudit per job (`.to_dict()` is the --json element)."""
+    from spotrun.audit import audit_jobs
+    from spotrun.audit.regret import MODEL_FOR_JOB, use_observed_model
+    from spotrun.cli.audit import catalog_od_price
+    # The hindsight builder is a module-level hook: set it for this call only, then restore.
+    saved = MODEL_FOR_JOB.pop("default", None)
+    try:
+        if hindsight:
+            use_observed_model(settings)
+        engine = engine or open_settings_db(settings)
+        reports = reports or Reports()
+        with session(engine) as s:
+            return audit_jobs(s, list(refs or []), since=since, until=until,
+                              od_price=catalog_od_price(settings.region),
+                              final_step=reports.final_step, time_scale=time_scale(settings))
+    finally:
+        MODEL_FOR_JOB.pop("default", None)
+        if saved is not None:
+            MODEL_FOR_JOB["default"] = saved
+
+
+def curve_points(spans: list[tuple[datetime, datetime, float]]) -> list[list[float]]:
+    """A cumulative curve as [[unix seconds (provider clock), usd], ...]."""
+    from spotrun.audit.plot import cumulative_curve
+    xs, ys = cumulative_curve(spans)
+    return [[x.timestamp(), y] for x, y in zip(xs, ys)]
+
+
+def job_page(settings: Any, ref: str, *, reports: Reports | None = None,
+             engine: Any = None, audit: Any = None) -> dict[str, Any]:
+    """The dashboard's job page: status, audit, spend and baseline curves, log tail."""
+    engine = engine or open_settings_db(settings)
+    reports = reports or Reports()
+    st = status_view(settings, ref, reports=reports, engine=engine)
+    ja = audit if audit is not None else audit_view(settings, [st["id"]], reports=reports,
+                                                    engine=engine)[0]
+    with session(engine) as s:
+        job = s.get(Job, st["id"])
+    return {
+        "status": st, "audit": ja.to_dict(),
+        "spend_curve_market": curve_points(ja.spend_spans),
+        "baseline_curve_market": curve_points(ja.baseline_spans),
+        "reclaims_market": [t.timestamp() for t in ja.reclaims if t is not None],
+        "notices_market": [t.timestamp() for t in ja.notices if t is not None],
+        "log_tail": reports.log_tail(job),
+        "clock": clock_info(settings),
+    }
