@@ -57,10 +57,8 @@ def use_observed_model(settings: Any) -> None:
         t = cat.types.get(instance_type)
         return t.on_demand_price(settings.region) if t is not None else None
 
-    truth = None
-    if settings.provider == "local":
-        from spotrun.audit.market_truth import LocalMarketTruth
-        truth = LocalMarketTruth.from_settings(settings)
+    from spotrun.providers.facts import facts_for
+    truth = facts_for(settings).market_truth(settings)
     MODEL_FOR_JOB["default"] = observed_builder(od_price, truth)
 
 

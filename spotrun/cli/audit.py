@@ -93,7 +93,8 @@ def _reconcile(refs: list[str], as_json: bool, bad: object) -> None:
     if bad:
         raise BadInputError("--reconcile takes only JOBS and --json", field="--reconcile")
     settings = get_settings()
-    if settings.provider != "aws":
+    from spotrun.providers.facts import facts_for
+    if not facts_for(settings).bills_cost_explorer:
         raise BadInputError("needs provider = \"aws\" (Cost Explorer bills AWS usage)",
                             field="--reconcile", value=settings.provider)
     from spotrun.audit.reconcile import reconcile

@@ -24,12 +24,13 @@ def doctor(as_json: bool) -> None:
     any needs a fix."""
     settings = get_settings()
     db = database_check(settings)
-    if settings.provider != "aws":
+    from spotrun.providers.facts import facts_for
+    cloud_checks = facts_for(settings).doctor
+    if cloud_checks is None:
         checks = []
         message = f"provider is {settings.provider!r}: nothing to check in a cloud"
     else:
-        from spotrun.providers.aws_doctor import AwsDoctor  # boto3 only when asked for
-        checks = AwsDoctor(settings).run()
+        checks = cloud_checks(settings)
         message = ""
     if as_json:
         echo_json({"provider": settings.provider,

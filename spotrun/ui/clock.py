@@ -16,12 +16,11 @@ from typing import Any
 def time_scale(settings: Any) -> float:
     """Provider-clock seconds per wall second for these settings (1.0: real time).
 
-    The one lookup of the provider's time scale: the provider's own settings section says
-    it (`[local] time_scale`); a provider without one runs on real time.
+    The provider declares it (spotrun.providers.facts); an unknown provider runs on real time.
     """
-    section = getattr(settings, str(getattr(settings, "provider", "")), None)
-    scale = getattr(section, "time_scale", None)
-    return float(scale) if isinstance(scale, (int, float)) and scale > 0 else 1.0
+    from spotrun.providers.facts import FACTS
+    facts = FACTS.get(str(getattr(settings, "provider", "")))
+    return facts.time_scale(settings) if facts is not None else 1.0
 
 
 def clock_label(scale: float) -> str:
@@ -42,6 +41,7 @@ def provider_now(settings: Any) -> datetime:
     now = datetime.now(timezone.utc)
     if time_scale(settings) == 1.0:
         return now
-    from spotrun.audit.market_truth import LocalMarketTruth
-    truth = LocalMarketTruth.from_settings(settings)
+    from spotrun.providers.facts import FACTS
+    facts = FACTS.get(str(getattr(settings, "provider", "")))
+    truth = facts.market_truth(settings) if facts is not None else None
     return truth.provider_time(now) if truth is not None else now
