@@ -14,8 +14,9 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from polling import wait_for  # noqa: E402
-from spotrun.agent.child import (notice_deadline_unix_s, notice_path, record_notice,  # noqa: E402
-                                 signal_group, spawn)
+from spotrun.agent.child import (child_env, notice_deadline_unix_s, notice_path,  # noqa: E402
+                                 record_notice, signal_group, spawn)
+from spotrun.agent.config import AgentConfig  # noqa: E402
 from spotrun.checkpoints import list_complete  # noqa: E402
 from spotrun.store.file import FileStore  # noqa: E402
 from spotrun.torch import Checkpointer  # noqa: E402
@@ -295,3 +296,16 @@ def test_notice_file_carries_the_termination_time_on_the_wall_clock(tmp_path):
         assert guard.pending and guard.deadline == pytest.approx(30.0)
     finally:
         guard.close()
+
+
+def test_the_job_is_told_the_notice_file_and_a_stale_one_is_removed(tmp_path):
+    cfg = AgentConfig(job_id="j-1", attempt=2, store_uri="file:///x", checkpoint_uri="file:///c",
+                      command="true")
+    env = child_env(cfg, base={"PATH": os.environ.get("PATH", "")}, secrets={}, resume_checkpoint=None,
+                    progress_file=tmp_path / "state" / "progress.json")
+    notice = Path(env["SPOTRUN_NOTICE_FILE"])
+    assert notice == (tmp_path / "state" / "notice.json").resolve()
+    notice.parent.mkdir(parents=True)
+    notice.write_text('{"action": "terminate"}')     # left by an earlier attempt on this disk
+    proc = spawn("true", cwd=tmp_path, env=env, log_path=tmp_path / "state" / "out.log")
+    assert proc.wait(timeout=30) == 0 and not notice.exists()
