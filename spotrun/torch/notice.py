@@ -46,6 +46,7 @@ import select
 import signal
 import threading
 import time
+import weakref
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -141,6 +142,8 @@ class NoticeGuard:
         self._prev_handler: Any = None
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_w, False)
+        # Closes the pipe once: at close(), or when an unclosed guard is collected.
+        self._finalizer = weakref.finalize(self, _close_pipe, self._stop, self._wake_r, self._wake_w)
         self.on_saved: Callable[[str, int, float], None] | None = None
 
     # -- lifecycle ----------------------------------------------------------------
@@ -154,7 +157,10 @@ class NoticeGuard:
             else:
                 log.warning("not in the main thread: SIGUSR1 not handled (the notice file still is)")
         if self.background or self.notice_file is not None:
-            self._thread = threading.Thread(target=self._watch, name="spotrun-notice", daemon=True)
+            # A weak reference: an abandoned guard (never closed) can still be collected.
+            self._thread = threading.Thread(target=_watch, args=(weakref.ref(self), self._wake_r,
+                                                                 self._stop, self.tick_s),
+                                            name="spotrun-notice", daemon=True)
             self._thread.start()
         return self
 
@@ -168,12 +174,7 @@ class NoticeGuard:
         if self._prev_handler is not None:
             signal.signal(signal.SIGUSR1, self._prev_handler)
             self._prev_handler = None
-        for fd in (self._wake_r, self._wake_w):
-            try:
-                os.close(fd)
-            except OSError:
-                pass
-        self._wake_r = self._wake_w = -1
+        self._finalizer()
 
     # -- notice sources -----------------------------------------------------------
 
@@ -183,10 +184,12 @@ class NoticeGuard:
         self._wake()
 
     def _wake(self) -> None:
+        if not self._finalizer.alive:
+            return   # closed
         try:
             os.write(self._wake_w, b"!")
         except OSError:
-            pass   # pipe full (already awake) or closed
+            pass   # pipe full: already awake
 
     def notice(self, terminate_at_unix_s: float | None = None, *, source: str = "call",
                action: str | None = None) -> None:
@@ -389,17 +392,32 @@ class NoticeGuard:
         self._run_locked(step, kind, True)
         return kind
 
-    def _watch(self) -> None:
-        while not self._stop.is_set():
-            try:
-                ready, _, _ = select.select([self._wake_r], [], [], self.tick_s)
-                if ready:
-                    os.read(self._wake_r, 4096)
-            except (OSError, ValueError):
-                return   # closed
-            if self._stop.is_set():
+
+def _close_pipe(stop: threading.Event, *fds: int) -> None:
+    stop.set()
+    for fd in fds:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+
+
+def _watch(ref: "weakref.ref[NoticeGuard]", wake_r: int, stop: threading.Event, tick_s: float) -> None:
+    """The watchdog: wake on a signal or every tick_s, and let the guard save if it must."""
+    while not stop.is_set():
+        try:
+            ready, _, _ = select.select([wake_r], [], [], tick_s)
+            if stop.is_set():
                 return
-            try:
-                self.tick()
-            except Exception:   # a failed save is reported by the owner; keep watching
-                log.exception("background checkpoint failed")
+            if ready:
+                os.read(wake_r, 4096)
+        except (OSError, ValueError):
+            return   # closed
+        guard = ref()
+        if guard is None or stop.is_set():
+            return
+        try:
+            guard.tick()
+        except Exception:   # a failed save is reported by the owner; keep watching
+            log.exception("background checkpoint failed")
+        del guard
