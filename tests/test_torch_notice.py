@@ -108,6 +108,41 @@ def test_watchdog_saves_the_last_finished_step_during_a_long_evaluation(tmp_path
     ck2.close()
 
 
+class _GatedStore(FileStore):
+    """A real FileStore whose data writes hold until released (a slow upload)."""
+
+    def __init__(self, root: Path) -> None:
+        super().__init__(root)
+        import threading
+        self.writing, self.release = threading.Event(), threading.Event()
+
+    def put_bytes(self, key, data):
+        if key.endswith(".bin"):
+            self.writing.set()
+            assert self.release.wait(30)
+        super().put_bytes(key, data)
+
+
+def test_watchdog_waits_for_an_in_flight_persist_of_the_same_step(tmp_path):
+    model, opt = _objs()
+    store = _GatedStore(tmp_path / "store")
+    ck = Checkpointer(model=model, optimizer=opt, store=store, env={}, install_signal=False,
+                      interval_s=1e9, every_steps=3, notice_grace_s=0.0, shard_bytes=256)
+    try:
+        _train(model, opt, 3)
+        assert ck.step(3) is True                 # periodic save of step 3, persisting
+        assert store.writing.wait(30)
+        ck.notice()                               # during the evaluation that follows
+        wait_for(lambda: ck.guard.busy, timeout_s=30, what="the watchdog to take the notice")
+        assert not ck.persister._cancel.is_set()  # not abandoned: it is the state to save
+        store.release.set()
+        wait_for(lambda: ck.emergency_checkpoint_step == 3, timeout_s=30, what="emergency at 3")
+        assert ck.saves == 1                      # the periodic persist was the emergency one
+    finally:
+        store.release.set()
+        ck.close()
+
+
 def test_a_notice_mid_step_waits_for_the_step_boundary(tmp_path):
     model, opt = _objs(bn=True)
     ck = _ck(tmp_path, model, opt, notice_grace_s=0.0)

@@ -145,7 +145,7 @@ def record_notice(path: Path, info: Mapping[str, Any], *, seen_wall_s: float, ti
     try:
         write_notice_file(path, info, seen_wall_s=seen_wall_s, terminate_at_unix_s=end)
     except OSError:
-        return end
+        pass   # a full or read-only disk: the job still gets the signal
     return end
 
 

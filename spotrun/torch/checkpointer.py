@@ -215,7 +215,9 @@ class Checkpointer(StateMixin):
         with self._io:
             t0 = self.clock()
             if self.persister.busy:
-                if self.persister.remaining_fraction() <= FINISH_IF_REMAINING:
+                # In flight: this very step (wait for it), or an older one (finish or abandon).
+                if self._saved_step == step or \
+                        self.persister.remaining_fraction() <= FINISH_IF_REMAINING:
                     self.persister.wait()
                 else:
                     log.warning("%s save: abandoning the in-flight persist", kind)

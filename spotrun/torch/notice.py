@@ -28,13 +28,22 @@ The integration API, all cheap enough to call on every step:
     guard.start()                              # reads a pending notice, starts the watchdog
     ... every step:  guard.step_started(); <optimizer step>; kind = guard.step_finished(n)
                      if kind: guard.run_save(n, kind)      # the main thread saves now
-    ... in a long evaluation:  if guard.poll(): pass      # saves the last finished step
+    ... in a long evaluation, per batch:  guard.poll()   # saves the last finished step if due
     guard.close()
+
+With a `Checkpointer` the same calls are `ckpt.step_started()` (optional: the
+optimizer's step pre-hook makes it), `ckpt.step(n)`, `ckpt.poll()`, `ckpt.safe()`
+and `ckpt.notice(terminate_at_unix_s)`; the Checkpointer supplies the save.
+
+A framework that saves by itself once asked (Trainer's `control.should_save`)
+reports that save with `guard.mark_saved(kind, step, took_s)` instead.
 
 `save(step, kind, release)` must write the state of step `step` and call
 `release()` as soon as the live objects have been copied (the loop may then
-change them again); it may block for the write. Under torchrun the watchdog is
-off (saves are collectives): notices are then honoured at step boundaries.
+change them again); it may block for the write. Pass `background=False` where
+a save cannot run from another thread (under torchrun a save is a collective
+every rank must join, so the Checkpointer does): notices are then honoured at
+step boundaries and at `poll()`.
 """
 
 from __future__ import annotations
@@ -350,6 +359,10 @@ class NoticeGuard:
             release()
             self._running = None
         self._record(kind, step, self.clock() - t0, background)
+
+    def mark_saved(self, kind: str, step: int, took_s: float) -> None:
+        """Report a save the framework made itself (e.g. Trainer's own checkpoint after should_save)."""
+        self._record(kind, step, took_s, False)
 
     def _record(self, kind: str, step: int, took: float, background: bool) -> None:
         if kind == EMERGENCY:
