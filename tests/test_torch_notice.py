@@ -253,18 +253,22 @@ def _progress(tmp: Path, name: str) -> dict:
         return {}
 
 
-def _run(tmp: Path, name: str, *args: str) -> str:
-    out = subprocess.run([sys.executable, str(JOB), *args], env=_env(tmp, name), text=True,
-                         capture_output=True, timeout=120)
-    assert out.returncode == 0, out.stderr[-2000:]
-    last = out.stdout.strip().splitlines()[-1]
-    assert last.startswith(FINAL), out.stdout[-2000:]
+def _start(tmp: Path, name: str, *args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen([sys.executable, str(JOB), *args], env=_env(tmp, name), text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+
+def _final(proc: subprocess.Popen[str]) -> str:
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err[-2000:]
+    last = out.strip().splitlines()[-1]
+    assert last.startswith(FINAL), out[-2000:]
     return last[len(FINAL):]
 
 
 @pytest.mark.slow
 def test_notice_during_a_long_validation_resumes_bitwise_from_the_last_step(tmp_path):
-    reference = _run(tmp_path, "ref")
+    reference = _start(tmp_path, "ref")            # uninterrupted, alongside
     hold = tmp_path / "hold"
     hold.mkdir()
     proc = subprocess.Popen([sys.executable, str(JOB), "--hold-dir", str(hold), "--hold-at", "20"],
@@ -279,11 +283,16 @@ def test_notice_during_a_long_validation_resumes_bitwise_from_the_last_step(tmp_
                  timeout_s=30, what="the emergency checkpoint, taken mid-validation")
         assert proc.poll() is None                  # still validating: no step() was reached
         assert _progress(tmp_path, "run")["emergency_checkpoint_step"] == 20
-    finally:
         proc.kill()                                 # the reclaim
         proc.wait(timeout=30)
-    assert list_complete(FileStore(tmp_path / "run")) == ["ckpt-000000000020"]
-    assert _run(tmp_path, "run") == reference        # resumed at 20, validation run again
+        assert list_complete(FileStore(tmp_path / "run")) == ["ckpt-000000000020"]
+        # Resumed at 20, validation run again: bitwise the uninterrupted run's weights.
+        assert _final(_start(tmp_path, "run")) == _final(reference)
+    finally:
+        for p in (proc, reference):
+            if p.poll() is None:
+                p.kill()
+                p.wait(timeout=30)
 
 
 @pytest.mark.slow
