@@ -237,6 +237,8 @@ def bench_emergency(w: Workload, ck: Checkpointer, step: int, store_dir: Path) -
     t_sig = time.perf_counter()
     os.kill(os.getpid(), signal.SIGUSR1)
     w.step()                                 # the notice lands mid-step; handled at the boundary
+    while not ck.guard.pending:              # taken by the watchdog thread: asynchronous
+        time.sleep(0.001)
     ck.step(step + 2)
     t_manifest = time.perf_counter()
     verify(FileStore(store_dir), checkpoint_name(step + 2), deep=True)

@@ -15,6 +15,7 @@ import pytest
 torch = pytest.importorskip("torch")
 import numpy as np  # noqa: E402
 
+from polling import wait_for  # noqa: E402
 from spotrun.checkpoints import apply_retention, list_complete, list_names, verify  # noqa: E402
 from spotrun.errors import CheckpointError, ConfigError  # noqa: E402
 from spotrun.store.file import FileStore  # noqa: E402
@@ -190,6 +191,8 @@ def test_sigusr1_makes_the_next_step_save_and_report(tmp_path):
         _train(model, opt, sched, 1)
         assert ck.step(1) is False
         os.kill(os.getpid(), signal.SIGUSR1)   # the handler only records the notice
+        # Delivered to the watchdog thread (the main thread has it blocked), so not at once.
+        wait_for(lambda: ck.guard.pending, timeout_s=30, what="the notice to be received")
         assert list_names(FileStore(tmp_path / "s")) == []
         _train(model, opt, sched, 1)
         assert ck.step(2) is True

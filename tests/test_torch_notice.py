@@ -174,6 +174,37 @@ def test_poll_saves_at_a_point_the_loop_marks_safe(tmp_path):
     assert list_complete(FileStore(tmp_path / "store")) == ["ckpt-000000000002"]
 
 
+def _pending_signals(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("ShdPnd:"):
+            return int(line.split()[1], 16)
+    return 0
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_processes_the_loop_starts_are_not_killed_by_the_notice(tmp_path):
+    # A spawn/forkserver DataLoader worker or a subprocess: exec resets a handled signal to
+    # its default action (the end of the process); the library leaves it blocked instead.
+    model, opt = _objs()
+    ck = _ck(tmp_path, model, opt, install_signal=True)
+    child = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"],
+                             stdin=subprocess.PIPE)
+    try:
+        os.kill(child.pid, signal.SIGUSR1)
+        bit = 1 << (signal.SIGUSR1 - 1)
+        wait_for(lambda: child.poll() is not None or _pending_signals(child.pid) & bit,
+                 timeout_s=30, what="SIGUSR1 pending in the child")
+        assert child.poll() is None               # held pending, not the default action
+        child.stdin.close()
+        assert child.wait(timeout=30) == 0
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+        ck.close()
+    assert signal.SIGUSR1 not in signal.pthread_sigmask(signal.SIG_BLOCK, [])
+
+
 # -- the last-moment save (injected clock) --------------------------------------------------
 
 

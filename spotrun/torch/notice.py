@@ -149,6 +149,7 @@ class NoticeGuard:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._prev_handler: Any = None
+        self._blocked_main = False
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_w, False)
         # Closes the pipe once: at close(), or when an unclosed guard is collected.
@@ -163,9 +164,15 @@ class NoticeGuard:
         if self.install_signal:
             if threading.current_thread() is threading.main_thread():
                 self._prev_handler = signal.signal(signal.SIGUSR1, self._on_signal)
+                # Blocked in the main thread, taken by the watchdog: processes the loop
+                # starts later (spawn / forkserver DataLoader workers, subprocesses)
+                # inherit it blocked, not the default action, so the group-wide notice
+                # cannot kill them.
+                old = signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGUSR1])
+                self._blocked_main = signal.SIGUSR1 not in old
             else:
                 log.warning("not in the main thread: SIGUSR1 not handled (the notice file still is)")
-        if self.background or self.notice_file is not None:
+        if self.background or self.notice_file is not None or self._prev_handler is not None:
             # A weak reference: an abandoned guard (never closed) can still be collected.
             self._thread = threading.Thread(target=_watch, args=(weakref.ref(self), self._wake_r,
                                                                  self._stop, self.tick_s),
@@ -183,6 +190,9 @@ class NoticeGuard:
         if self._prev_handler is not None:
             signal.signal(signal.SIGUSR1, self._prev_handler)
             self._prev_handler = None
+        if self._blocked_main and threading.current_thread() is threading.main_thread():
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGUSR1])
+            self._blocked_main = False
         self._finalizer()
 
     # -- notice sources -----------------------------------------------------------
@@ -417,6 +427,8 @@ def _close_pipe(stop: threading.Event, *fds: int) -> None:
 
 def _watch(ref: "weakref.ref[NoticeGuard]", wake_r: int, stop: threading.Event, tick_s: float) -> None:
     """The watchdog: wake on a signal or every tick_s, and let the guard save if it must."""
+    # This thread takes SIGUSR1 for the process (the main thread has it blocked).
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGUSR1])
     while not stop.is_set():
         try:
             ready, _, _ = select.select([wake_r], [], [], tick_s)
