@@ -1,4 +1,4 @@
-"""The notice honoured anywhere, a notice before the handler, the last-moment save, finish(), local default."""
+"""Notice honoured anywhere, notice before the handler, last-moment save, finish(), local default."""
 
 from __future__ import annotations
 
@@ -384,3 +384,65 @@ def test_the_job_is_told_the_notice_file_and_a_stale_one_is_removed(tmp_path):
     notice.write_text('{"action": "terminate"}')     # left by an earlier attempt on this disk
     proc = spawn("true", cwd=tmp_path, env=env, log_path=tmp_path / "state" / "out.log")
     assert proc.wait(timeout=30) == 0 and not notice.exists()
+
+
+# -- through the real agent: IMDS notice -> notice file + signal -> last-moment save --------
+
+AGENT_JOB = r'''
+import torch
+from spotrun.torch import Checkpointer
+torch.manual_seed(0)
+model = torch.nn.Linear(8, 8)
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+ckpt = Checkpointer(model=model, optimizer=opt, interval_s=1e9, progress_interval_s=0.05)
+step = ckpt.restore()
+while True:                      # runs until the agent stops it
+    loss = model(torch.randn(4, 8)).pow(2).mean()
+    opt.zero_grad(); loss.backward(); opt.step()
+    step += 1
+    ckpt.step(step)
+'''
+
+
+@pytest.mark.slow
+def test_agent_notice_file_gives_the_library_the_termination_time(tmp_path):
+    import agent_helpers
+    from agent_helpers import ImdsServer, make_config, read_json
+    from spotrun import layout
+    from spotrun.bundle import make_bundle
+    from spotrun.store import open_store
+
+    store_dir, workdir = tmp_path / "store", tmp_path / "workdir"
+    workdir.mkdir()
+    (workdir / "train.py").write_text(AGENT_JOB)
+    bundle = tmp_path / "bundle.tar.gz"
+    make_bundle(workdir, bundle)
+    open_store(store_dir.as_uri()).put_file(layout.bundle_key("job-test"), bundle)
+    imds = ImdsServer().start()
+    # The local market's scaled clock: 240 market s of notice are 4 wall s at x60.
+    cfg = make_config(store_dir, imds.url, total_steps=None, time_scale=60.0)
+    proc, stderr = agent_helpers.start_agent(tmp_path, cfg)
+    progress = tmp_path / "agent-instance" / "spotrun-agent" / "progress.json"
+    notice = progress.with_name("notice.json")
+    try:
+        wait_for(lambda: (read_json(progress) or {}).get("step"), timeout_s=60, what="steps")
+        imds.arm_rebalance("2030-01-01T00:00:00Z")
+        imds.arm_notice("terminate", "2030-01-01T00:04:00Z")
+        body = wait_for(lambda: read_json(notice), timeout_s=30, what="the job's notice file")
+        poll_wall_s = 5.0 / 60.0
+        assert body["terminate_at_unix_s"] - body["seen_at_unix_s"] == \
+            pytest.approx(240.0 / 60.0 - poll_wall_s)
+        got = wait_for(lambda: (p := read_json(progress) or {}).get("last_moment_checkpoint_step")
+                       and p, timeout_s=60, what="the last-moment checkpoint")
+        assert got["emergency_checkpoint_step"] < got["last_moment_checkpoint_step"]
+        assert proc.poll() is None, stderr.read_text()[-2000:]
+    finally:
+        (store_dir / layout.control_key("job-test")).parent.mkdir(parents=True, exist_ok=True)
+        (store_dir / layout.control_key("job-test")).write_text(json.dumps({"cancel": True}))
+        try:
+            proc.wait(timeout=30)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+            imds.stop()

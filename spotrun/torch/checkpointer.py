@@ -188,7 +188,7 @@ class Checkpointer(StateMixin):
     # -- notice -------------------------------------------------------------------
 
     def notice(self, terminate_at_unix_s: float | None = None) -> None:
-        """Request an emergency save (what SIGUSR1 does); a termination time adds the last-moment save."""
+        """Request an emergency save (= SIGUSR1); a termination time adds the last-moment save."""
         self.guard.notice(terminate_at_unix_s)
 
     def poll(self) -> str | None:
@@ -398,7 +398,7 @@ class Checkpointer(StateMixin):
         return True
 
     def emergency_save(self, step: int) -> float:
-        """Save step `step` at once (the loop is at its boundary) and wait; returns seconds since notice."""
+        """Save step `step` now (the loop is at its boundary) and wait; returns seconds since notice."""
         if self.guard.notice_info is None:
             self.guard.notice()
         self._remember(step)
