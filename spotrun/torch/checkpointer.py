@@ -223,15 +223,15 @@ class Checkpointer(StateMixin):
                     log.warning("%s save: abandoning the in-flight persist", kind)
                     self.persister.abandon()
                 self._collect()
+            if step == self.last_checkpoint_step and (not live or self._saved_step == step):
+                release()   # that exact state is in the store already
+                return
             if live:
                 self.save(step, wait=True)
                 return
             rec = self._recorded
             if rec is None or rec[0] != step:
                 raise RuntimeError(f"no state recorded at step {step}")
-            if step == self.last_checkpoint_step:
-                release()   # that exact state is in the store already
-                return
             tree = self.state_tree_local(step, rng=rec[1], extras=rec[2])
             snap = self.buffer.capture(step, tree)   # whole copy: the loop may go on after release
             self._copying = None
