@@ -5,6 +5,7 @@ One run, one ~100M-parameter MLP with AdamW (1.2 GB of state), one disk:
   * per checkpoint: the blocking stall, and the total added wall time (stall +
     the slowdown of the steps that run while the write is in flight + any wait),
   * the emergency save: SIGUSR1 to a verified checkpoint in the store,
+  * the same during a long evaluation (no step() call: the watchdog saves),
   * restore throughput against the disk's own write/read throughput,
   * spotrun's extra host memory (one buffer, allocated once).
 
@@ -33,6 +34,7 @@ from torch import nn
 from spotrun.checkpoints import checkpoint_name, verify
 from spotrun.store.file import FileStore
 from spotrun.torch import Checkpointer
+from spotrun.torch.storage import READERS
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -235,12 +237,43 @@ def bench_emergency(w: Workload, ck: Checkpointer, step: int, store_dir: Path) -
     t_sig = time.perf_counter()
     os.kill(os.getpid(), signal.SIGUSR1)
     w.step()                                 # the notice lands mid-step; handled at the boundary
+    while not ck.guard.pending:              # taken by the watchdog thread: asynchronous
+        time.sleep(0.001)
     ck.step(step + 2)
     t_manifest = time.perf_counter()
     verify(FileStore(store_dir), checkpoint_name(step + 2), deep=True)
     t_verified = time.perf_counter()
     return {"notice_to_manifest_s": t_manifest - t_sig, "notice_to_verified_s": t_verified - t_sig,
             "library_reported_s": ck.emergency_save_s, "step": step + 2}
+
+
+def bench_emergency_in_eval(w: Workload, step: int, store_dir: Path, max_s: float) -> dict:
+    """A notice during a long evaluation (no step() call): the watchdog saves the last finished step."""
+    ck = Checkpointer(model=w.model, optimizer=w.opt, store=FileStore(store_dir), env={},
+                      interval_s=1e9, keep=2)
+    try:
+        w.step()
+        ck.step(step)                          # sizes the buffer in the background
+        while ck.buffer._warming is not None and ck.buffer._warming.is_alive():
+            w.step()
+            ck.step(step := step + 1)
+        w.step()
+        ck.step(step := step + 1)
+        w.model.eval()
+        t_sig = time.perf_counter()
+        os.kill(os.getpid(), signal.SIGUSR1)
+        evals = 0
+        with torch.no_grad():
+            while ck.emergency_checkpoint_step is None and time.perf_counter() - t_sig < max_s:
+                w.model(w.x)                   # evaluation batches, never reaching step()
+                evals += 1
+        t_manifest = time.perf_counter()
+        w.model.train()
+        return {"notice_to_manifest_s": t_manifest - t_sig, "step": ck.emergency_checkpoint_step,
+                "saved_step_is_last_finished": ck.emergency_checkpoint_step == step,
+                "from_watchdog": ck.guard.background_saves == 1, "eval_batches_meanwhile": evals}
+    finally:
+        ck.close()
 
 
 def bench_restore(args: argparse.Namespace, store_dir: Path, state_bytes: int, w: Workload) -> dict:
@@ -304,8 +337,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"emergency: notice -> verified checkpoint {out['emergency']['notice_to_verified_s']:.2f} s",
               flush=True)
         out["restore"] = bench_restore(args, store_dir, state, w)
+        out["restore"]["readers"] = READERS
         out["restore"]["vs_disk_read"] = out["restore"]["restore_bytes_per_s"] / rbps
         out["restore"]["vs_disk_write"] = out["restore"]["restore_bytes_per_s"] / wbps
+        out["emergency_in_eval"] = bench_emergency_in_eval(w, nxt + 10, scratch / "eval",
+                                                           args.max_in_flight_s)
+        print(f"emergency during evaluation: notice -> manifest "
+              f"{out['emergency_in_eval']['notice_to_manifest_s']:.2f} s", flush=True)
     finally:
         if args.dir is None:
             shutil.rmtree(scratch, ignore_errors=True)
@@ -335,10 +373,16 @@ def report(out: dict[str, Any]) -> None:
         checks["added <= async_save's"] = sp["added_s"] <= dc["added_s"]
     r = out["restore"]
     print(f"\nrestore {r['restore_bytes_per_s'] / 1e6:.0f} MB/s = {r['vs_disk_read']:.2f}x disk read, "
-          f"{r['vs_disk_write']:.2f}x disk write")
+          f"{r['vs_disk_write']:.2f}x disk write ({r['readers']} reader threads)")
     e = out["emergency"]
     print(f"emergency save: notice -> manifest {e['notice_to_manifest_s']:.2f} s, "
           f"-> verified {e['notice_to_verified_s']:.2f} s")
+    ev = out["emergency_in_eval"]
+    print(f"emergency during evaluation: notice -> manifest {ev['notice_to_manifest_s']:.2f} s, "
+          f"step {ev['step']} (the last finished), from the watchdog: {ev['from_watchdog']}")
+    checks["notice during evaluation saved the last finished step"] = \
+        bool(ev["saved_step_is_last_finished"] and ev["from_watchdog"])
+    checks["restore >= 0.8x disk read"] = r["vs_disk_read"] >= 0.8
     for k, v in checks.items():
         print(f"  [{'ok' if v else 'FAIL'}] {k}")
     out["checks"] = checks

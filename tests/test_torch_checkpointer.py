@@ -15,6 +15,7 @@ import pytest
 torch = pytest.importorskip("torch")
 import numpy as np  # noqa: E402
 
+from polling import wait_for  # noqa: E402
 from spotrun.checkpoints import apply_retention, list_complete, list_names, verify  # noqa: E402
 from spotrun.errors import CheckpointError, ConfigError  # noqa: E402
 from spotrun.store.file import FileStore  # noqa: E402
@@ -183,11 +184,15 @@ def test_sigusr1_makes_the_next_step_save_and_report(tmp_path):
     progress = tmp_path / "progress.json"
     ck = Checkpointer(model=model, optimizer=opt, scheduler=sched, store=FileStore(tmp_path / "s"),
                       env={"SPOTRUN_PROGRESS_FILE": str(progress), "SPOTRUN_TOTAL_STEPS": "10",
-                           "SPOTRUN_CHECKPOINT_INTERVAL_S": "100000"})
+                           "SPOTRUN_CHECKPOINT_INTERVAL_S": "100000"},
+                      notice_grace_s=600.0)   # the boundary, not the watchdog, saves here
     try:
+        assert signal.getsignal(signal.SIGUSR1) == ck.guard._on_signal
         _train(model, opt, sched, 1)
         assert ck.step(1) is False
         os.kill(os.getpid(), signal.SIGUSR1)   # the handler only records the notice
+        # Delivered to the watchdog thread (the main thread has it blocked), so not at once.
+        wait_for(lambda: ck.guard.pending, timeout_s=30, what="the notice to be received")
         assert list_names(FileStore(tmp_path / "s")) == []
         _train(model, opt, sched, 1)
         assert ck.step(2) is True
@@ -197,7 +202,7 @@ def test_sigusr1_makes_the_next_step_save_and_report(tmp_path):
         assert verify(FileStore(tmp_path / "s"), "ckpt-000000000002").step == 2
     finally:
         ck.close()
-    assert signal.getsignal(signal.SIGUSR1) is not ck._on_notice
+    assert signal.getsignal(signal.SIGUSR1) != ck.guard._on_signal
 
 
 def test_persist_failure_is_retried_then_surfaces_on_next_step(tmp_path, caplog):
@@ -270,8 +275,8 @@ def test_emergency_save_abandons_a_slow_in_flight_persist(tmp_path):
 
 def test_bad_settings_are_config_errors(tmp_path):
     model, opt, _ = _objs()
-    with pytest.raises(ConfigError, match="SPOTRUN_CHECKPOINT_URI"):
-        Checkpointer(model=model, optimizer=opt, env={}, install_signal=False)
+    with pytest.raises(ConfigError, match="SPOTRUN_CHECKPOINT_URI"):   # under spotrun, no URI
+        Checkpointer(model=model, optimizer=opt, env={"SPOTRUN_JOB_ID": "j-1"}, install_signal=False)
     with pytest.raises(ConfigError, match="SPOTRUN_CHECKPOINT_INTERVAL_S"):
         Checkpointer(model=model, store=FileStore(tmp_path), install_signal=False,
                      env={"SPOTRUN_CHECKPOINT_INTERVAL_S": "soon"})

@@ -3,8 +3,13 @@
 The command runs under `bash -c` with SIGUSR1 ignored by the shell (`trap ''`):
 a shell left waiting on a multi-command line would otherwise die of the
 interruption notice. Ignored signals pass to the shell's children as ignored,
-so a job that does not handle SIGUSR1 keeps running, and one that installs a
-handler (the training library does) gets it.
+so a job that does not handle SIGUSR1 keeps running (the notice never kills
+it), and one that installs a handler (the training library does) gets it.
+
+A signal that lands before the job installed its handler is ignored, so the
+notice itself is also a file: the agent writes `SPOTRUN_NOTICE_FILE` (action,
+IMDS termination time, and that time on this machine's wall clock) *before*
+signalling, and the library reads it when it starts and keeps looking at it.
 
 If the agent itself is killed outright (the local market's reclaim), Linux
 delivers SIGKILL to the command too (PR_SET_PDEATHSIG), as when a real
@@ -14,17 +19,23 @@ instance vanishes; the group id is also left in a file for whoever cleans up.
 from __future__ import annotations
 
 import ctypes
+import json
 import os
 import signal
 import subprocess
 import sys
 from pathlib import Path
-from typing import Callable, Mapping
+from typing import Any, Callable, Mapping
 
+from spotrun.agent.clock import parse_iso
 from spotrun.agent.config import AgentConfig
+from spotrun.agent.imds import REBALANCE
+from spotrun.errors import SpotrunError
 
 SHELL_PREFIX = "trap '' USR1\n"
 PGID_FILE = "job.pgid"   # beside the log: the command's process group id
+NOTICE_FILE = "notice.json"   # beside the progress file: SPOTRUN_NOTICE_FILE
+NOTICE_ENV = "SPOTRUN_NOTICE_FILE"
 _PR_SET_PDEATHSIG = 1
 
 
@@ -67,6 +78,7 @@ def child_env(config: AgentConfig, *, base: Mapping[str, str], secrets: Mapping[
         "SPOTRUN_CHECKPOINT_KEEP": str(config.checkpoint_keep),
         "SPOTRUN_RESUME_CHECKPOINT": resume_checkpoint or "",
         "SPOTRUN_PROGRESS_FILE": str(progress_file.resolve()),
+        NOTICE_ENV: str(notice_path(progress_file).resolve()),
     })
     if config.checkpoint_interval_s is not None:
         env["SPOTRUN_CHECKPOINT_INTERVAL_S"] = str(config.checkpoint_interval_s)
@@ -79,11 +91,72 @@ def child_env(config: AgentConfig, *, base: Mapping[str, str], secrets: Mapping[
     return env
 
 
+def notice_path(progress_file: Path) -> Path:
+    """Where the agent writes the notice for the job (beside the progress file)."""
+    return progress_file.parent / NOTICE_FILE
+
+
+def notice_deadline_unix_s(info: Mapping[str, Any], *, seen_wall_s: float, time_scale: float,
+                           notice_time: str | None = None, poll_wall_s: float = 0.0) -> float | None:
+    """The termination time on this machine's wall clock (epoch s), or None if unknown.
+
+    On AWS (time_scale 1) it is the IMDS `time`. The local market's `time` is on its
+    own faster clock: then the window (termination - notice time, both market) is
+    scaled to wall seconds from when the agent saw the notice, less one poll interval
+    (it may have been posted that much earlier).
+    """
+    end = parse_iso(str(info.get("time"))) if info.get("time") else None
+    if end is None:
+        return None
+    if time_scale == 1.0:
+        return end
+    start = parse_iso(notice_time) if notice_time else None
+    if start is None or end < start:
+        return None
+    return seen_wall_s + (end - start) / time_scale - poll_wall_s
+
+
+def write_notice_file(path: Path, info: Mapping[str, Any], *, seen_wall_s: float,
+                      terminate_at_unix_s: float | None) -> None:
+    """Write the job's notice file atomically (the library may read it at any moment)."""
+    body = {"action": info.get("action"), "time": info.get("time"),
+            "seen_at_unix_s": seen_wall_s, "terminate_at_unix_s": terminate_at_unix_s}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(body))
+    os.replace(tmp, path)
+
+
+def record_notice(path: Path, info: Mapping[str, Any], *, seen_wall_s: float, time_scale: float,
+                  imds: Any = None, poll_wall_s: float = 0.0) -> float | None:
+    """Write the notice file for the job; returns the termination time it carries (or None).
+
+    Never raises: the signal that follows must go out whatever happens here.
+    """
+    notice_time = None
+    if time_scale != 1.0 and imds is not None:
+        try:   # the local market posts the rebalance hint at the notice time
+            raw = imds.get(REBALANCE)
+            notice_time = json.loads(raw).get("noticeTime") if raw else None
+        except (SpotrunError, ValueError, AttributeError):
+            notice_time = None
+    end = notice_deadline_unix_s(info, seen_wall_s=seen_wall_s, time_scale=time_scale,
+                                 notice_time=notice_time, poll_wall_s=poll_wall_s)
+    try:
+        write_notice_file(path, info, seen_wall_s=seen_wall_s, terminate_at_unix_s=end)
+    except OSError:
+        pass   # a full or read-only disk: the job still gets the signal
+    return end
+
+
 def spawn(command: str, *, cwd: Path, env: Mapping[str, str], log_path: Path) -> subprocess.Popen:
     """Run the command with stdout+stderr appended to log_path, as a new session.
 
     Call it before starting other threads: the preexec hook is not thread-safe.
+    A notice file left by an earlier run in the same folder is removed first.
     """
+    if env.get(NOTICE_ENV):
+        Path(env[NOTICE_ENV]).unlink(missing_ok=True)
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "ab") as out:
         proc = subprocess.Popen(["bash", "-c", SHELL_PREFIX + command], cwd=cwd, env=dict(env),

@@ -17,7 +17,8 @@ from typing import Any, Mapping
 import structlog
 
 from spotrun import layout
-from spotrun.agent.child import child_env, exit_code_of, signal_group, spawn
+from spotrun.agent.child import (child_env, exit_code_of, notice_path, record_notice,
+                                 signal_group, spawn)
 from spotrun.agent.clock import Clock, SystemClock, iso
 from spotrun.agent.config import AgentConfig
 from spotrun.agent.deadman import DeadmanSwitch
@@ -100,6 +101,10 @@ class Agent:
     # ------------------------------------------------------------ notice (notice thread)
 
     def _on_notice(self, info: dict[str, Any]) -> None:
+        # The file first: a job that cannot take the signal yet reads it when its library starts.
+        record_notice(notice_path(self.paths.progress_path), info, seen_wall_s=self.clock.time(),
+                      time_scale=self.config.time_scale, imds=self.imds,
+                      poll_wall_s=notice_poll_interval_wall_s(self.config))
         signalled = self.proc is not None and signal_group(self.proc, signal.SIGUSR1)
         now = self.clock.time()
         with self._notice_lock:

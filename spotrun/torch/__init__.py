@@ -5,9 +5,13 @@ The only spotrun package that imports torch. Integration in three lines:
     ckpt = Checkpointer(model=model, optimizer=opt)
     start = ckpt.restore()
     ...  ckpt.step(step + 1)  # in the loop, after each step
+
+The interruption notice is honoured wherever the loop is (`spotrun.torch.notice`);
+`NoticeGuard` is the part integrations drive with their own save function.
 """
 
 from spotrun.torch.checkpointer import Checkpointer, young_daly_s
+from spotrun.torch.notice import NoticeGuard
 from spotrun.torch.sampler import StatefulSampler
 
-__all__ = ["Checkpointer", "StatefulSampler", "young_daly_s"]
+__all__ = ["Checkpointer", "NoticeGuard", "StatefulSampler", "young_daly_s"]

@@ -6,33 +6,46 @@
 
 `step(n)` takes the number of steps completed. A save snapshots the whole state
 into one reused host buffer (the only time training waits) and persists it in a
-background thread; SIGUSR1 (the agent's interruption notice) makes the next
-`step()` save at once and wait until the checkpoint is in the store.
+background thread.
+
+The interruption notice (SIGUSR1, or the agent's notice file) is honoured
+wherever the loop is (`spotrun.torch.notice`): at the next `step()` if the loop
+gets there soon, else - while the state is still that of the last finished
+step, e.g. during a long evaluation or data loading - from a background
+thread. After that emergency checkpoint one more save runs as late as is safe
+before the termination time. Loops can mark safe points themselves with
+`ckpt.poll()` or `with ckpt.safe(): evaluate()`; integrations call
+`ckpt.step_started()` / `ckpt.step(n)` around each optimizer step.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import math
-import signal
 import threading
 import time
-from typing import Any, Callable, MutableMapping
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Callable, Iterator, MutableMapping
 
 import torch
 
-from spotrun.checkpoints import list_complete, list_names
-from spotrun.errors import CheckpointError, ChecksumMismatch, ConfigError, ObjectNotFound, StoreError
+from spotrun.checkpoints import checkpoint_name, list_complete, list_names, read_manifest
+from spotrun.errors import ChecksumMismatch, ConfigError, ObjectNotFound, StoreError
 from spotrun.store import open_store
 from spotrun.store.base import ObjectStore
 from spotrun.torch import envconf
 from spotrun.torch.dist import DistContext
 from spotrun.torch.flatten import Slot, decode
+from spotrun.torch.notice import EMERGENCY, LAST, NoticeGuard
 from spotrun.torch.persist import Outcome, Persister, failure
 from spotrun.torch.progress import ProgressFile
-from spotrun.torch.rng import get_rng_state, set_rng_state
+from spotrun.torch.rng import get_rng_state
 from spotrun.torch.snapshot import Snapshot, SnapshotBuffer
-from spotrun.torch.storage import read_checkpoint
+from spotrun.torch.state import StateMixin, extras_tree
+from spotrun.torch.storage import META, SHARD_BYTES, read_checkpoint
 
 log = logging.getLogger(__name__)
 
@@ -40,10 +53,7 @@ DEFAULT_MTBF_S = 6 * 3600.0      # spot reclaim interval assumed by interval="au
 AUTO_FIRST_S = 60.0              # first save under "auto", to measure the save cost
 AUTO_BOUNDS_S = (30.0, 3600.0)
 FINISH_IF_REMAINING = 0.25       # emergency: finish an in-flight persist this close to done
-
-
-def _stateful(obj: Any) -> bool:
-    return callable(getattr(obj, "state_dict", None)) and callable(getattr(obj, "load_state_dict", None))
+LOCAL_DIR = "spotrun-checkpoints"   # outside spotrun, under the working directory
 
 
 def young_daly_s(save_cost_s: float, mtbf_s: float) -> float:
@@ -52,7 +62,18 @@ def young_daly_s(save_cost_s: float, mtbf_s: float) -> float:
     return min(max(tau, AUTO_BOUNDS_S[0]), AUTO_BOUNDS_S[1])
 
 
-class Checkpointer:
+def _open(uri: str | None, cfg: envconf.EnvSettings) -> ObjectStore:
+    if not uri:
+        if cfg.under_spotrun:
+            raise ConfigError("no checkpoint location", field="SPOTRUN_CHECKPOINT_URI",
+                              hint="set it, or pass uri= / store= to Checkpointer")
+        local = Path.cwd() / LOCAL_DIR
+        log.info("not under spotrun: checkpoints go to %s", local)
+        uri = local.as_uri()
+    return open_store(uri)
+
+
+class Checkpointer(StateMixin):
     """Saves and restores model, optimizer, scheduler, GradScaler, RNG, data position and extras."""
 
     def __init__(self, model: Any = None, optimizer: Any = None, scheduler: Any = None,
@@ -66,16 +87,13 @@ class Checkpointer:
                  shard_bytes: int | None = None, sharded: bool = False,
                  overlap_snapshot: bool = True,
                  install_signal: bool = True, clock: Callable[[], float] = time.monotonic,
-                 env: MutableMapping[str, str] | None = None) -> None:
+                 env: MutableMapping[str, str] | None = None,
+                 notice_file: str | None = None, background_notice: bool = True,
+                 notice_grace_s: float | None = None, notice_margin_s: float | None = None,
+                 wall: Callable[[], float] = time.time) -> None:
         cfg = envconf.from_env(env)
         self.dist = DistContext.current(sharded=sharded)
-        if store is None:
-            uri = uri or cfg.uri
-            if not uri:
-                raise ConfigError("no checkpoint location", field="SPOTRUN_CHECKPOINT_URI",
-                                  hint="set it, or pass uri= / store= to Checkpointer")
-            store = open_store(uri)
-        self.store = store
+        self.store = store if store is not None else _open(uri or cfg.uri, cfg)
         self.model, self.optimizer, self.scheduler, self.scaler = model, optimizer, scheduler, scaler
         self.extras: MutableMapping[str, Any] = extras if extras is not None else {}
         raw_interval = interval_s if interval_s is not None else cfg.interval_s
@@ -96,8 +114,9 @@ class Checkpointer:
         self.progress = ProgressFile((progress_file or cfg.progress_file) if self.dist.is_writer else None)
         self.progress_interval_s = progress_interval_s
         self.buffer = SnapshotBuffer()
-        self.persister = Persister(store, keep=self.keep, retries=retries, backoff_s=retry_backoff_s,
-                                   shard_bytes=shard_bytes, clock=clock)
+        self.shard_bytes = shard_bytes
+        self.persister = Persister(self.store, keep=self.keep, retries=retries,
+                                   backoff_s=retry_backoff_s, shard_bytes=shard_bytes, clock=clock)
         # Reported through the progress file (the agent's heartbeat).
         self.current_step = 0
         self.last_checkpoint_step: int | None = None
@@ -105,6 +124,7 @@ class Checkpointer:
         self.checkpoint_persist_s: float | None = None  # background write of the last save
         self.emergency_checkpoint_step: int | None = None
         self.emergency_save_s: float | None = None
+        self.last_moment_checkpoint_step: int | None = None
         self.saves = 0
         self.deferred = 0
         self._saved_step: int | None = None             # last step snapshotted
@@ -112,17 +132,28 @@ class Checkpointer:
         self._rate_mark: tuple[int, float] | None = None
         self._steps_per_s: float | None = None
         self._last_progress_t = -math.inf
-        self._notice_at: float | None = None
-        self._prev_handler: Any = None
         self._copying: Snapshot | None = None            # snapshot whose deferred copy may run
-        self.overlap_snapshot = overlap_snapshot and callable(
-            getattr(optimizer, "register_step_pre_hook", None))
-        self._hook = (optimizer.register_step_pre_hook(self._before_optimizer_step)
-                      if self.overlap_snapshot else None)
-        if install_signal:
-            self._install_signal()
+        self._io = threading.RLock()                     # one user of buffer + persister at a time
+        self._boundary: tuple[int, int] | None = None    # (thread, step) of a save at step()
+        self._recorded: tuple[int, Any, dict[str, Any]] | None = None   # (step, rng, extras)
+        self._record_safe = not self.dist.distributed and not self.dist.sharded
+        has_hook = callable(getattr(optimizer, "register_step_pre_hook", None))
+        self.overlap_snapshot = overlap_snapshot and has_hook
+        self._hooks = []
+        if has_hook:
+            self._hooks.append(optimizer.register_step_pre_hook(self._before_optimizer_step))
+        if isinstance(model, torch.nn.Module) and any(True for _ in model.buffers()):
+            # Train-mode forward changes buffers (BatchNorm statistics): a step has started.
+            self._hooks.append(model.register_forward_pre_hook(self._before_forward))
+        self.guard = NoticeGuard(self._urgent_save, notice_file=notice_file or cfg.notice_file,
+                                 env={}, background=background_notice and has_hook
+                                 and self._record_safe, grace_s=notice_grace_s,
+                                 margin_s=notice_margin_s, install_signal=install_signal,
+                                 clock=clock, wall=wall)
+        self.guard.on_saved = self._on_urgent_saved
+        self.guard.start()
 
-    # -- overlapped snapshot ------------------------------------------------------
+    # -- hooks: where a step starts --------------------------------------------
 
     def _deferrable(self) -> set[int] | None:
         """CPU tensors only optimizer.step() changes: their copy may overlap the next forward/backward."""
@@ -134,6 +165,7 @@ class Checkpointer:
         return ptrs
 
     def _before_optimizer_step(self, *_: Any) -> None:
+        self.guard.step_started()
         # The optimizer is about to change what the snapshot still copies: wait for it.
         snap = self._copying
         if snap is None:
@@ -145,65 +177,78 @@ class Checkpointer:
         if self.checkpoint_save_s is not None:
             self.checkpoint_save_s += waited
 
-    # -- signal -----------------------------------------------------------------
+    def _before_forward(self, module: Any, _args: Any) -> None:
+        if module.training:
+            self.guard.step_started()
 
-    def _install_signal(self) -> None:
-        if threading.current_thread() is not threading.main_thread():
-            log.warning("Checkpointer not created in the main thread: SIGUSR1 not handled")
-            return
-        self._prev_handler = signal.signal(signal.SIGUSR1, self._on_notice)
+    def step_started(self) -> None:
+        """Tell the library a step is about to change the state (integrations; hooks do it otherwise)."""
+        self.guard.step_started()
 
-    def _on_notice(self, signum: int, frame: Any) -> None:
-        # Only record the moment: the save happens at the next step boundary.
-        if self._notice_at is None:
-            self._notice_at = time.monotonic()
+    # -- notice -------------------------------------------------------------------
 
-    def notice(self) -> None:
-        """Request an emergency save at the next step (what SIGUSR1 does)."""
-        self._on_notice(signal.SIGUSR1, None)
+    def notice(self, terminate_at_unix_s: float | None = None) -> None:
+        """Request an emergency save (= SIGUSR1); a termination time adds the last-moment save."""
+        self.guard.notice(terminate_at_unix_s)
 
-    # -- state ------------------------------------------------------------------
+    def poll(self) -> str | None:
+        """Call at safe points inside long stretches between steps; saves if a notice wants it.
 
-    def state_tree_local(self, step: int) -> dict[str, Any]:
-        """This rank's state: everything an exact resume needs, as tensors and plain values."""
-        tree: dict[str, Any] = {"step": step, "rng": get_rng_state(), "extras": {}}
-        for key in ("model", "optimizer", "scheduler", "scaler"):
-            obj = getattr(self, key)
-            if obj is not None:
-                tree[key] = self.dist.state_dict_of(key, obj)
-        for name, value in self.extras.items():
-            tree["extras"][name] = ({"stateful": value.state_dict()} if _stateful(value)
-                                    else {"value": value})
-        return tree
+        Saves the state of the last finished step ("emergency" / "last" returned),
+        else None. Only where no optimizer step is half done (e.g. between
+        evaluation batches). Single process only; under torchrun it does nothing.
+        """
+        if not self._record_safe:
+            return None
+        self._collect()
+        return self.guard.poll()
 
-    def state_tree(self, step: int) -> dict[str, Any]:
-        """The tree to save: under torchrun, every rank's RNG and extras gathered to rank 0."""
-        return self.dist.gather_ranked(self.state_tree_local(step))
+    @contextmanager
+    def safe(self) -> Iterator["Checkpointer"]:
+        """`with ckpt.safe(): evaluate()`: saves during the block need not wait for a step boundary."""
+        with self.guard.safe():
+            yield self
 
-    def load_tree(self, tree: dict[str, Any]) -> None:
-        """Put a restored tree back into the live objects."""
-        tree = self.dist.select_ranked(tree)
-        for key in ("model", "optimizer", "scheduler", "scaler"):
-            obj = getattr(self, key)
-            if obj is None:
-                continue
-            if key not in tree:
-                raise CheckpointError(f"checkpoint has no {key} state", field=key)
-            try:
-                self.dist.load_state_dict_of(key, obj, tree[key])
-            except (RuntimeError, KeyError, ValueError) as exc:
-                raise CheckpointError(f"cannot load {key} state: {exc}", field=key,
-                                      hint="the checkpoint was written by a different model") from None
-        set_rng_state(tree["rng"])
-        for name, saved in tree.get("extras", {}).items():
-            live = self.extras.get(name)
-            if "stateful" in saved:
-                if live is None or not _stateful(live):
-                    log.warning("checkpoint extra %r has state but no stateful object to take it", name)
-                    continue
-                live.load_state_dict(saved["stateful"])
-            else:
-                self.extras[name] = saved["value"]
+    def _urgent_save(self, step: int, kind: str, release: Callable[[], None]) -> None:
+        """The guard's save: the live state at a step boundary, else the state recorded there."""
+        live = self._boundary == (threading.get_ident(), step)
+        with self._io:
+            t0 = self.clock()
+            if self.persister.busy:
+                # In flight: this very step (wait for it), or an older one (finish or abandon).
+                if self._saved_step == step or \
+                        self.persister.remaining_fraction() <= FINISH_IF_REMAINING:
+                    self.persister.wait()
+                else:
+                    log.warning("%s save: abandoning the in-flight persist", kind)
+                    self.persister.abandon()
+                self._collect()
+            if step == self.last_checkpoint_step and (not live or self._saved_step == step):
+                release()   # that exact state is in the store already
+                return
+            if live:
+                self.save(step, wait=True)
+                return
+            rec = self._recorded
+            if rec is None or rec[0] != step:
+                raise RuntimeError(f"no state recorded at step {step}")
+            tree = self.state_tree_local(step, rng=rec[1], extras=rec[2])
+            snap = self.buffer.capture(step, tree)   # whole copy: the loop may go on after release
+            self._copying = None
+            release()
+            self._saved_step, self._last_save_t = step, self.clock()
+            self.checkpoint_save_s = self.clock() - t0
+            self._record(self.persister.run(snap, self.dist.manifest_extra()))
+            self.saves += 1
+
+    def _on_urgent_saved(self, kind: str, step: int, took_s: float) -> None:
+        info = self.guard.notice_info
+        if kind == EMERGENCY:
+            self.emergency_checkpoint_step = step
+            self.emergency_save_s = self.clock() - info.received_at if info else took_s
+        else:
+            self.last_moment_checkpoint_step = step
+        self.write_progress()
 
     # -- restore ----------------------------------------------------------------
 
@@ -216,20 +261,25 @@ class Checkpointer:
             names.insert(0, self.resume_name)
         return names
 
+    def _restored(self, step: int) -> int:
+        self._saved_step = self.last_checkpoint_step = step or None
+        self.current_step = step
+        self._last_save_t = self.clock()
+        self._remember(step)
+        self.guard.safe_step = step
+        return step
+
     def restore(self) -> int:
         """Load the requested (or newest verified) checkpoint; returns the step to continue from."""
         if self.dist.sharded:
             from spotrun.torch.sharded import restore_sharded
-            step = restore_sharded(self)
-            self._saved_step = self.last_checkpoint_step = step or None
-            self.current_step = step
-            self._last_save_t = self.clock()
-            return step
+            return self._restored(restore_sharded(self))
         partial = set(list_names(self.store)) - set(list_complete(self.store))
         for name in self._candidates():
             try:
                 manifest, meta, data = read_checkpoint(self.store, name)
-                tree = decode(meta["structure"], [Slot.from_json(s) for s in meta["slots"]], data)
+                tree = decode(meta["structure"], [Slot.from_json(s) for s in meta["slots"]], data,
+                              copy=False)
             except (ChecksumMismatch, ObjectNotFound, StoreError, KeyError, ValueError) as exc:
                 log.warning("skipping checkpoint %s: %s", name, exc)
                 continue
@@ -240,13 +290,13 @@ class Checkpointer:
             self.load_tree(tree)
             step = int(manifest.step)
             self.dist.after_restore(self, name)
-            self._saved_step = self.last_checkpoint_step = self.current_step = step
-            self._last_save_t = self.clock()
             log.info("restored checkpoint %s (step %d)", name, step)
-            return step
+            return self._restored(step)
         if partial:
             log.warning("no complete checkpoint; skipped partial %s", ", ".join(sorted(partial)))
         self.dist.after_restore(self, None)
+        self._remember(0)
+        self.guard.safe_step = 0
         return 0
 
     # -- training loop ----------------------------------------------------------
@@ -270,6 +320,11 @@ class Checkpointer:
             return True
         return self.interval_s is not None and self.clock() - self._last_save_t >= self.interval_s
 
+    def _remember(self, step: int) -> None:
+        # What a later save of this step needs that the loop changes outside a step.
+        if self._record_safe:
+            self._recorded = (step, get_rng_state(), extras_tree(self.extras))
+
     def step(self, step: int) -> bool:
         """Call after each training step with the steps completed; saves when due. True if saved."""
         self.current_step = step
@@ -280,11 +335,18 @@ class Checkpointer:
         elif now - self._rate_mark[1] >= 1.0:
             self._steps_per_s = (step - self._rate_mark[0]) / (now - self._rate_mark[1])
             self._rate_mark = (step, now)
+        self._remember(step)
+        kind = self.guard.step_finished(step)
+        urgent, last, due = self.dist.any_flags(kind == EMERGENCY, kind == LAST,
+                                                self._due(step) and not self.guard.busy)
         saved = False
-        notice, due = self.dist.any_flags(self._notice_at is not None, self._due(step))
-        if notice:
-            self.emergency_save(step)
-            saved = True
+        if urgent or last:
+            self._boundary = (threading.get_ident(), step)
+            try:
+                saved = self.guard.run_save(step, EMERGENCY if urgent else LAST,
+                                            force=self.dist.distributed)
+            finally:
+                self._boundary = None
         elif due:
             saved = self.save(step)
         elif self.buffer.unprepared and self.dist.is_writer and not self.dist.sharded:
@@ -296,6 +358,10 @@ class Checkpointer:
 
     def save(self, step: int, *, wait: bool = False) -> bool:
         """Snapshot now and persist (in the background unless async is off); False if deferred."""
+        with self._io:
+            return self._save(step, wait)
+
+    def _save(self, step: int, wait: bool) -> bool:
         self._collect()
         if self.persister.busy:
             if not wait:
@@ -332,69 +398,76 @@ class Checkpointer:
         return True
 
     def emergency_save(self, step: int) -> float:
-        """Finish or abandon the in-flight persist, save at once and wait; returns seconds since notice."""
-        notice_at = self._notice_at if self._notice_at is not None else time.monotonic()
-        if self.persister.busy:
-            if self.persister.remaining_fraction() <= FINISH_IF_REMAINING:
-                self.persister.wait()
-            else:
-                log.warning("emergency save: abandoning the in-flight persist")
-                self.persister.abandon()
-            self._collect()
-        self.save(step, wait=True)
-        self.emergency_checkpoint_step = step
-        self.emergency_save_s = time.monotonic() - notice_at
-        self._notice_at = None
-        log.warning("emergency checkpoint at step %d in %.2fs", step, self.emergency_save_s)
-        self.write_progress()
-        return self.emergency_save_s
+        """Save step `step` now (the loop is at its boundary) and wait; returns seconds since notice."""
+        if self.guard.notice_info is None:
+            self.guard.notice()
+        self._remember(step)
+        self.guard.step_finished(step)
+        self._boundary = (threading.get_ident(), step)
+        try:
+            self.guard.run_save(step, EMERGENCY, force=True)
+        finally:
+            self._boundary = None
+        return self.emergency_save_s or 0.0
 
     def wait(self) -> None:
         """Block until the in-flight persist (if any) is done; raises if it failed."""
-        self.persister.wait()
-        self._collect()
+        with self._io:
+            self.persister.wait()
+            self._collect()
+
+    def _matches_saved(self, snap: Snapshot) -> bool:
+        """True if the store's checkpoint of snap.step holds exactly these bytes."""
+        try:
+            m = read_manifest(self.store, checkpoint_name(snap.step))
+        except (ObjectNotFound, StoreError):
+            return False
+        meta = json.dumps(snap.meta(), separators=(",", ":")).encode()
+        if m.files.get(META, {}).get("sha256") != hashlib.sha256(meta).hexdigest():
+            return False
+        shard = self.shard_bytes or SHARD_BYTES
+        snap.wait_ready()
+        for i in range(max(1, -(-snap.nbytes // shard))):
+            got = m.files.get(f"data-{i:03d}.bin", {}).get("sha256")
+            if got != hashlib.sha256(snap.data[i * shard:(i + 1) * shard]).hexdigest():
+                return False
+        return True
 
     def finish(self, step: int) -> None:
-        """Final save (if the last one is older) and wait until it is in the store."""
+        """Leave a checkpoint of the final state (extras included) and wait until it is in the store."""
         self.current_step = step
-        self.wait()
-        # Every rank must take the same branch: save() is a collective under torchrun.
-        (need,) = self.dist.any_flags(self._saved_step != step)
-        if need:
-            self.save(step, wait=True)
+        with self._io:
+            self.wait()
+            if self.dist.sharded:
+                # Every rank must take the same branch: save() is a collective under torchrun.
+                (need,) = self.dist.any_flags(self._saved_step != step)
+                if need:
+                    self.save(step, wait=True)
+            else:
+                snap = self.dist.capture(self, step)   # a collective under torchrun
+                same = snap is None or (self._saved_step == step and self.last_checkpoint_step == step
+                                        and self._matches_saved(snap))
+                (need,) = self.dist.any_flags(not same)
+                if need and snap is not None:
+                    self._record(self.persister.run(snap, self.dist.manifest_extra()))
+                    self.saves += 1
+                self._saved_step = step
         self.dist.barrier()
         self.write_progress()
 
     def close(self) -> None:
-        """Wait for the in-flight persist and put the previous SIGUSR1 handler back."""
+        """Wait for the in-flight persist, stop the notice watchdog, put SIGUSR1's handler back."""
         try:
             self.wait()
         finally:
-            if self._hook is not None:
-                self._hook.remove()
-                self._hook = None
-                self.overlap_snapshot = False
-            if self._prev_handler is not None:
-                signal.signal(signal.SIGUSR1, self._prev_handler)
-                self._prev_handler = None
+            self.guard.close()
+            for h in self._hooks:
+                h.remove()
+            self._hooks = []
+            self.overlap_snapshot = False
 
     def __enter__(self) -> "Checkpointer":
         return self
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
-
-    def progress_fields(self) -> dict[str, Any]:
-        """What the progress file reports."""
-        return {"step": self.current_step, "total_steps": self.total_steps,
-                "steps_per_s": self._steps_per_s, "last_checkpoint_step": self.last_checkpoint_step,
-                "checkpoint_save_s": self.checkpoint_save_s,
-                "emergency_checkpoint_step": self.emergency_checkpoint_step,
-                "checkpoint_persist_s": self.checkpoint_persist_s,
-                "emergency_save_s": self.emergency_save_s,
-                "checkpoint_interval_s": self.interval_s}
-
-    def write_progress(self) -> None:
-        """Rewrite the progress file now."""
-        self._last_progress_t = self.clock()
-        self.progress.write(self.progress_fields())

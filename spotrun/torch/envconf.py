@@ -22,6 +22,8 @@ class EnvSettings:
     resume: str | None                  # checkpoint name, or None = newest verified
     total_steps: int | None
     progress_file: str | None
+    notice_file: str | None = None      # where the agent writes the interruption notice
+    under_spotrun: bool = False         # any SPOTRUN_* variable set: the agent started us
 
 
 def _num(env: Mapping[str, str], name: str, kind: type, minimum: float) -> float | int | None:
@@ -55,4 +57,6 @@ def from_env(env: Mapping[str, str] | None = None) -> EnvSettings:
         resume=env.get("SPOTRUN_RESUME_CHECKPOINT") or None,
         total_steps=int(total) if total is not None else None,
         progress_file=env.get("SPOTRUN_PROGRESS_FILE") or None,
+        notice_file=env.get("SPOTRUN_NOTICE_FILE") or None,
+        under_spotrun=any(k.startswith("SPOTRUN_") for k in env),
     )

@@ -23,6 +23,7 @@ import torch
 from spotrun.errors import CheckpointError
 
 ALIGN = 64
+VIEW_MIN_BYTES = 1 << 20   # decode(copy=False) hands out views of tensors at least this big
 
 
 @dataclass(frozen=True)
@@ -139,8 +140,13 @@ def _torch_dtype(name: str) -> torch.dtype:
     return dt
 
 
-def decode(structure: Any, slots: list[Slot], data: "bytes | bytearray | memoryview | torch.Tensor") -> Any:
-    """Rebuild the tree from its structure and the flat buffer (tensors on CPU, owned)."""
+def decode(structure: Any, slots: list[Slot], data: "bytes | bytearray | memoryview | torch.Tensor",
+           *, copy: bool = True) -> Any:
+    """Rebuild the tree from its structure and the flat buffer (tensors on CPU).
+
+    copy=False: tensors are views of data (a torch buffer the caller hands over),
+    one copy fewer on restore; load_state_dict copies what it keeps anyway.
+    """
     if isinstance(data, torch.Tensor):
         raw = data
     elif len(data) == 0:
@@ -160,7 +166,10 @@ def decode(structure: Any, slots: list[Slot], data: "bytes | bytearray | memoryv
             dt = _torch_dtype(s.dtype)
             if s.nbytes == 0:
                 return torch.empty(s.shape, dtype=dt)
-            return chunk.view(dt).view(s.shape).clone()
+            t = chunk.view(dt).view(s.shape)
+            # Small tensors are cloned anyway: some consumers (torch.set_rng_state) need owners.
+            return t if not copy and isinstance(data, torch.Tensor) and s.nbytes >= VIEW_MIN_BYTES \
+                else t.clone()
         return np.frombuffer(chunk.numpy().tobytes(), dtype=np.dtype(s.dtype)).reshape(s.shape).copy()
 
     def dec(x: Any) -> Any:
