@@ -140,7 +140,7 @@ def test_status_shows_the_step_the_job_really_resumed_from(tmp_home: Path, tmp_p
 
     def done() -> bool:
         out = cli("status", job_id, "--json")
-        return out.returncode == 0 and json.loads(out.stdout)[0]["state"] == "succeeded"
+        return out.returncode == 0 and json.loads(out.stdout)["state"] == "succeeded"
 
     daemon = DaemonProc(tmp_home, tmp_path / "daemon.log")
     try:
@@ -148,7 +148,7 @@ def test_status_shows_the_step_the_job_really_resumed_from(tmp_home: Path, tmp_p
     finally:
         daemon.terminate()
         kill_leftovers(tmp_home / "market")
-    first = json.loads(cli("status", job_id, "--json").stdout)[0]["attempts"][0]
+    first = json.loads(cli("status", job_id, "--json").stdout)["attempts"][0]
     logs = cli("logs", job_id).stdout
     really = int(logs.split("start ", 1)[1].split()[0])   # the workload prints "start N"
     assert really == 5
