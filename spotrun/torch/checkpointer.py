@@ -57,9 +57,14 @@ LOCAL_DIR = "spotrun-checkpoints"   # outside spotrun, under the working directo
 
 
 def young_daly_s(save_cost_s: float, mtbf_s: float) -> float:
-    """Young/Daly optimal checkpoint interval sqrt(2 * C * MTBF), clamped to sane bounds."""
-    tau = math.sqrt(2.0 * max(save_cost_s, 1e-3) * mtbf_s)
-    return min(max(tau, AUTO_BOUNDS_S[0]), AUTO_BOUNDS_S[1])
+    """The cost model's Young/Daly interval (one formula), clamped to the library's bounds.
+
+    Used when the job runs outside spotrun, or re-tunes itself from its measured save cost;
+    under spotrun the agent passes the decision's interval (SPOTRUN_CHECKPOINT_INTERVAL_S).
+    """
+    from spotrun.costmodel.model import recommended_interval_s
+    return recommended_interval_s(max(save_cost_s, 1e-3), mtbf_s / 3600.0,
+                                  min_s=AUTO_BOUNDS_S[0], max_s=AUTO_BOUNDS_S[1])
 
 
 def _open(uri: str | None, cfg: envconf.EnvSettings) -> ObjectStore:
