@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from spotrun.errors import SpotrunError
+from spotrun.decide.deadline import policy_step
 from spotrun.policy.base import Decision, IDLE, JobProgress, Mode, Policy
 from spotrun.simulate.model import SimModel
 
@@ -55,7 +55,7 @@ def run_policy(model: SimModel, policy: Policy, start_row: int, *,
                           time_left_s=(D - tau) * tick_s, elapsed_s=tau * tick_s,
                           changeover_s=changeover_s, tick_s=tick_s, mode=mode, pool=pool,
                           changeover_left_s=c_left * tick_s)
-        d = policy.decide(job, h.view(t))
+        d = policy_step(policy, job, h.view(t))   # the daemon's placer takes the same step
         if record:
             decisions.append(d)
         if d.mode is Mode.IDLE:
@@ -64,11 +64,7 @@ def run_policy(model: SimModel, policy: Policy, start_row: int, *,
             continue
         if d.mode is not mode or d.pool != pool:
             if d.mode is Mode.SPOT:
-                jj = pool_index.get(d.pool)  # type: ignore[arg-type]
-                if jj is None or not up[t, jj]:
-                    raise SpotrunError(f"policy {getattr(policy, 'name', policy)!r} chose "
-                                       f"unavailable pool {d.pool!r}", field="policy")
-                j = jj
+                j = pool_index[d.pool]  # type: ignore[index]  # available: policy_step checked
             else:
                 j = -1
             mode, pool, c_left = d.mode, d.pool, C
