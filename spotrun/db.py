@@ -111,6 +111,7 @@ class Attempt(SQLModel, table=True):
     running_at: datetime | None = Field(default=None, sa_type=UTCDateTime)  # provider clock:
     #   first heartbeat in phase "running" (boot, setup and restore are over); audit overhead
     checkpoint_stall_s: float | None = None  # training seconds paused for checkpoint saves
+    instance_cause: str | None = None  # the provider's termination cause (TerminationCause)
 
 
 class Event(SQLModel, table=True):

@@ -1,7 +1,11 @@
 """Reconcile loop: make the database agree with the provider and the agents' reports.
 
-An attempt ends when its instance is gone; why it ended comes from the agent's
-exit report if there is one, else from the provider's termination cause.
+An attempt ends when its instance is gone. Why it ended comes from the evidence in
+a fixed order (`end_reason_of`): the agent's own exit report of an outcome it decided
+(completed, cancelled, budget) first, then the provider's reclaim, then any other
+exit report, then what spotrun itself asked for, else `lost`. So a job that wrote
+`completed` is never re-run, whatever the cloud says next; the cloud's cause is kept
+on the attempt (`instance_cause`) for the ledger, whose billing rules follow it.
 """
 
 from __future__ import annotations
@@ -21,6 +25,8 @@ from spotrun.states import AttemptState, EndReason, InstanceState, JobState, Ter
 
 STOP_GRACE_S = 10.0
 LIVE = (AttemptState.LAUNCHING, AttemptState.RUNNING, AttemptState.TERMINATING)
+# Outcomes the job reached before anything the cloud did: they outrank a reclaim.
+_DECIDED = ("completed", "cancelled", "budget")
 _EXIT_REASONS = {"completed": EndReason.COMPLETED, "error": EndReason.ERROR,
                  "cancelled": EndReason.CANCELLED, "deadman": EndReason.DEADMAN,
                  "signal": EndReason.LOST, "budget": EndReason.BUDGET}
@@ -70,31 +76,29 @@ class ReconcileLoop:
             s.commit()
 
     def _exit_report(self, job: Job, att: Attempt) -> dict | None:
+        """The agent's exit.json; None if there is none; StoreError if it cannot be read."""
         try:
             raw = self.ctx.store_for(job.store_uri).get_bytes(
                 layout.exit_key(job.id, att.number))
-            return json.loads(raw)
-        except (ObjectNotFound, StoreError, ValueError):
+        except ObjectNotFound:
             return None
+        try:
+            report = json.loads(raw)
+        except ValueError:
+            return None
+        return report if isinstance(report, dict) else None
 
     def _ended(self, att: Attempt, info: InstanceInfo, now: datetime) -> None:
         with session(self.ctx.engine) as s:
             job = s.get(Job, att.job_id)
-        report = self._exit_report(job, att)
-        if info.cause is TerminationCause.SPOT_RECLAIM:
-            reason, detail = EndReason.RECLAIMED, "spot instance reclaimed by the provider"
-        elif report is not None:
-            reason = _EXIT_REASONS.get(report.get("reason", ""), EndReason.ERROR)
-            detail = f"exit code {report.get('exit_code')}"
-            if report.get("message"):
-                detail += f": {report['message']}"
-        elif att.state is AttemptState.TERMINATING:
-            reason = EndReason.CANCELLED if job.cancel_requested else (att.end_reason or
-                                                                       EndReason.LOST)
-            detail = att.detail or "terminated by spotrun"
-        else:
-            cause = info.cause.value if info.cause else "unknown"
-            reason, detail = EndReason.LOST, f"instance ended ({cause}) without a report"
+        try:
+            report = self._exit_report(job, att)
+        except StoreError as exc:
+            # Unknown is not "no report": deciding now could re-run a finished job.
+            self.ctx.log.warning("exit_report_unreadable", job=job.id, attempt=att.number,
+                                 error=str(exc)[:200])
+            return
+        reason, detail = end_reason_of(report, info, att, job.cancel_requested)
         with session(self.ctx.engine) as s:
             a = s.get(Attempt, att.id)
             if a.state is AttemptState.TERMINATING and a.end_reason is not None \
@@ -104,6 +108,7 @@ class ReconcileLoop:
             a.end_reason = reason
             a.ended_at = info.ended_at or self.ctx.provider.now()
             a.detail = detail
+            a.instance_cause = info.cause.value if info.cause else None
             if report and isinstance(report.get("step"), int):
                 a.last_step = max(a.last_step, report["step"])
             s.add(a)
@@ -233,6 +238,32 @@ class ReconcileLoop:
                     s.add(job)
                     add_event(s, job.id, "cancelled")
             s.commit()
+
+
+def end_reason_of(report: dict | None, info: InstanceInfo, att: Attempt,
+                  cancel_requested: bool) -> tuple[EndReason, str]:
+    """Why an attempt ended, from the evidence in order (see the module docstring)."""
+    reclaimed = info.cause is TerminationCause.SPOT_RECLAIM
+    if report is not None:
+        name = str(report.get("reason", ""))
+        detail = f"exit code {report.get('exit_code')}"
+        if report.get("message"):
+            detail += f": {report['message']}"
+        if name == "completed" and report.get("exit_code") not in (0, None):
+            name = "error"
+        if name in _DECIDED:
+            if reclaimed:
+                detail += "; the instance was then reclaimed by the provider"
+            return _EXIT_REASONS[name], detail
+        if not reclaimed:
+            return _EXIT_REASONS.get(name, EndReason.ERROR), detail
+    if reclaimed:
+        return EndReason.RECLAIMED, "spot instance reclaimed by the provider"
+    if att.state is AttemptState.TERMINATING:
+        reason = EndReason.CANCELLED if cancel_requested else (att.end_reason or EndReason.LOST)
+        return reason, att.detail or "terminated by spotrun"
+    cause = info.cause.value if info.cause else "unknown"
+    return EndReason.LOST, f"instance ended ({cause}) without a report"
 
 
 def terminate_attempt(ctx: DaemonContext, att: Attempt, reason: EndReason, detail: str) -> None:
