@@ -7,12 +7,19 @@ test can read its database; market, instances, agents and workloads are real pro
 
 from __future__ import annotations
 
+import json
+import signal
 from pathlib import Path
 
 import pytest
 from sqlmodel import select
 
+import agent_helpers
+from spotrun import layout
+from spotrun.bundle import make_bundle
 from spotrun.config import load_settings
+from spotrun.daemon.reconcile import budget_stop_request
+from spotrun.store import open_store
 from spotrun.daemon.app import build_context, build_runner
 from spotrun.db import Job, SpendEntry, attempts_of, session
 from spotrun.ledger.rules import SpendKind, rules_for
@@ -51,6 +58,36 @@ def daemon(home: Path):
     yield start
     for r in runners:
         r.stop(wait=True)
+
+
+@pytest.fixture
+def agents(tmp_path: Path):
+    """Run real `spotrun agent` processes on a file:// store holding the workload bundle."""
+    store_dir = tmp_path / "agent-store"
+    work = tmp_path / "agent-work"
+    work.mkdir()
+    (work / "train.py").write_text(agent_helpers.WORKLOAD)
+    make_bundle(work, tmp_path / "b.tar.gz")
+    open_store(store_dir.as_uri()).put_file(layout.bundle_key("job-test"), tmp_path / "b.tar.gz")
+    imds = agent_helpers.ImdsServer().start()
+    procs = []
+
+    def run(name: str, wait: bool = True, **overrides):
+        cfg = agent_helpers.make_config(store_dir, imds.url, **overrides)
+        proc, stderr = agent_helpers.start_agent(tmp_path, cfg, name=name)
+        procs.append(proc)
+        if wait:
+            proc.wait(timeout=60)
+        return proc, cfg
+
+    run.store_dir = store_dir
+    run.imds = imds
+    yield run
+    for p in procs:
+        if p.poll() is None:
+            p.send_signal(signal.SIGKILL)
+            p.wait()
+    imds.stop()
 
 
 def _job(ctx, job_id: str) -> Job:
@@ -93,3 +130,22 @@ def test_reclaim_after_the_exit_report_does_not_rerun_the_job(home, daemon, tmp_
     billed = sum(r.billed_seconds for r in rows if r.kind in SpendKind.instance_kinds())
     assert billed == pytest.approx(want, abs=1e-3), (span, rows)
     assert span < rules.spot_reclaim_free_within_s and billed == pytest.approx(0.0, abs=1e-3)
+
+
+# ------------------------------------------------------------------ 12. resume after a budget stop
+
+def test_a_resumed_attempt_ignores_the_budget_stop_meant_for_the_one_before(agents):
+    # The state `spotrun resume` leaves: the first attempt's budget stop request is still
+    # in control.json. Attempt 2 starts with it there, every time: no timing involved.
+    control = agents.store_dir / layout.control_key("job-test")
+    control.parent.mkdir(parents=True, exist_ok=True)
+    control.write_bytes(budget_stop_request([1]))
+    env = {"WORKLOAD_STEP_S": "0.01"}
+    # A grace shorter than the job: obeying the stale request would always stop it.
+    agents("second", attempt=2, total_steps=150, env=env, stop_grace_s=0.3)
+    second = json.loads((agents.store_dir / layout.exit_key("job-test", 2)).read_text())
+    assert second["reason"] == "completed" and second["step"] == 150, second
+    # The attempt the request names does obey it.
+    agents("first", attempt=1, total_steps=3000, env=env, stop_grace_s=0.3)
+    first = json.loads((agents.store_dir / layout.exit_key("job-test", 1)).read_text())
+    assert first["reason"] == "budget", first

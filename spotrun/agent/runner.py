@@ -167,7 +167,8 @@ class Agent:
             if control and control.get("cancel") is True:
                 self.begin_stop("cancelled")
                 return
-            if control and control.get("checkpoint_and_stop"):
+            if control and control.get("checkpoint_and_stop") and _addressed(
+                    control.get("attempts"), self.config.attempt):
                 self.begin_save_then_stop(str(control.get("reason") or "budget"))
             self.deadman.observe(self.reporter.read_json(layout.DAEMON_ALIVE))
         except Exception as exc:   # store trouble: the dead-man clock keeps running
@@ -280,3 +281,10 @@ class Agent:
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         except (subprocess.SubprocessError, OSError) as exc:
             log.error("shutdown_command_failed", error=str(exc)[:300])
+
+
+def _addressed(attempts: Any, attempt: int) -> bool:
+    """Is a stop request for this attempt? One naming no attempts (older daemons) is for all."""
+    if attempts is None:
+        return True
+    return isinstance(attempts, list) and attempt in attempts

@@ -207,8 +207,7 @@ class ReconcileLoop:
                     continue
             try:
                 self.ctx.store_for(job.store_uri).put_bytes(
-                    layout.control_key(job.id),
-                    b'{"checkpoint_and_stop": true, "reason": "budget"}')
+                    layout.control_key(job.id), budget_stop_request([a.number for a in live]))
             except StoreError as exc:
                 self.ctx.log.warning("budget_control_write_failed", job=job.id, error=str(exc))
             # The agent saves, then stops the job within its grace; after that we terminate.
@@ -238,6 +237,16 @@ class ReconcileLoop:
                     s.add(job)
                     add_event(s, job.id, "cancelled")
             s.commit()
+
+
+def budget_stop_request(attempts: list[int]) -> bytes:
+    """control.json asking these attempts to checkpoint and stop.
+
+    It names the attempts: the file outlives the stop, and an attempt launched after
+    `spotrun resume` must not obey a request meant for the one before it.
+    """
+    return json.dumps({"checkpoint_and_stop": True, "reason": "budget",
+                       "attempts": sorted(attempts)}).encode()
 
 
 def end_reason_of(report: dict | None, info: InstanceInfo, att: Attempt,
