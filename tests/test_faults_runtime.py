@@ -8,6 +8,7 @@ test can read its database; market, instances, agents and workloads are real pro
 from __future__ import annotations
 
 import json
+import os
 import signal
 from pathlib import Path
 
@@ -23,6 +24,7 @@ from spotrun.store import open_store
 from spotrun.daemon.app import build_context, build_runner
 from spotrun.db import Job, SpendEntry, attempts_of, session
 from spotrun.ledger.rules import SpendKind, rules_for
+from spotrun.market.client import read_live_info
 from spotrun.states import EndReason, JobState, Market, TerminationCause
 
 from conftest import kill_leftovers, write_trace
@@ -149,3 +151,28 @@ def test_a_resumed_attempt_ignores_the_budget_stop_meant_for_the_one_before(agen
     agents("first", attempt=1, total_steps=3000, env=env, stop_grace_s=0.3)
     first = json.loads((agents.store_dir / layout.exit_key("job-test", 1)).read_text())
     assert first["reason"] == "budget", first
+
+
+# ------------------------------------------------------------------ 2. market restart
+
+def test_instances_still_hear_notices_after_the_market_restarts_on_a_new_port(home, daemon,
+                                                                              tmp_path):
+    job_id = submit_job(home, write_job(tmp_path, "long", steps=100000,
+                                        env={"WORKLOAD_STEP_S": "0.02"}))
+    ctx, runner = daemon()
+    att = wait_for(lambda: next((a for a in _attempts(ctx, job_id)
+                                 if a.last_heartbeat_at is not None), None), 60, "a heartbeat")
+    runner.stop(wait=True)
+    old = read_live_info(home / "market")
+    os.kill(int(old["pid"]), signal.SIGTERM)     # the market stops; its instances run on
+    wait_for(lambda: read_live_info(home / "market") is None, 30, "the market to stop")
+    client = start_market(home)
+    assert read_live_info(home / "market")["port"] != old["port"]
+    assert any(r.instance_id == att.instance_id and not r.state.is_terminal()
+               for r in market_records(home)), "the instance should survive the restart"
+    client.interrupt(att.instance_id, 60.0)      # notice now, reclaim one market minute later
+    wait_for(lambda: any(r.instance_id == att.instance_id and r.state.is_terminal()
+                         for r in market_records(home)), 60, "the reclaim")
+    notice = home / "store" / layout.notice_key(job_id, 1)
+    assert notice.exists(), "the agent never heard the interruption notice"
+    assert json.loads(notice.read_text())["action"] == "terminate"

@@ -21,7 +21,7 @@ from spotrun.agent.child import child_env, exit_code_of, signal_group, spawn
 from spotrun.agent.clock import Clock, SystemClock, iso
 from spotrun.agent.config import AgentConfig
 from spotrun.agent.deadman import DeadmanSwitch
-from spotrun.agent.imds import ImdsClient, endpoint_for
+from spotrun.agent.imds import ImdsClient, discovery_from_env, endpoint_for
 from spotrun.agent.logship import LogShipper
 from spotrun.agent.notice import NoticeWatcher, notice_poll_interval_wall_s
 from spotrun.agent.progress import ProgressReader
@@ -53,7 +53,8 @@ class Agent:
         self.secret_clients = secret_clients
         self.imds = imds or ImdsClient(endpoint_for(config.imds_endpoint),
                                        token_ttl_s=config.imds_token_ttl_s,
-                                       monotonic=self.clock.monotonic)
+                                       monotonic=self.clock.monotonic,
+                                       discover=discovery_from_env(self.environ))
         self.reporter = Reporter(self.store)
         self.progress = ProgressReader(self.paths.progress_path)
         self.deadman = DeadmanSwitch(config.deadman_timeout_s, self.clock)

@@ -28,6 +28,7 @@ from spotrun.providers.base import TAG_JOB
 from spotrun.states import InstanceState, Market as MarketKind, TerminationCause
 
 IMDS_ENV = "SPOTRUN_IMDS_ENDPOINT"
+IMDS_DISCOVERY_ENV = "SPOTRUN_IMDS_DISCOVERY"   # market.json: where IMDS is after a restart
 POLL_S = 0.1           # longest wall wait between watcher passes
 _DEFINING = ("trace", "prices", "pools", "instance_type", "time_scale", "start_tick", "notice_s",
              "spot_price_usd_per_hour", "region")
@@ -170,6 +171,7 @@ class Market:
         env[procs.INSTANCE_ENV] = iid
         if self.imds_base:
             env[IMDS_ENV] = f"{self.imds_base}/{iid}"
+            env[IMDS_DISCOVERY_ENV] = str((self.dir / "market.json").resolve())
         popen = procs.spawn(self._argv(ud_path), cwd=disk, env=env, log_path=disk / "console.log")
         self._children[iid] = popen
         threading.Thread(target=self._wait_child, args=(iid, popen), daemon=True).start()
