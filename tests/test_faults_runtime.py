@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 import os
 import signal
+import sqlite3
+import sys
 from pathlib import Path
 
 import pytest
@@ -28,7 +30,7 @@ from spotrun.market.client import read_live_info
 from spotrun.states import EndReason, JobState, Market, TerminationCause
 
 from conftest import kill_leftovers, write_trace
-from daemon_helpers import all_booked, market_records, submit_job, write_home, write_job
+from daemon_helpers import WORKLOAD, all_booked, market_records, submit_job, write_home, write_job
 from polling import wait_for
 from runtime_helpers import exit_report, hold_command, start_market
 
@@ -176,3 +178,47 @@ def test_instances_still_hear_notices_after_the_market_restarts_on_a_new_port(ho
     notice = home / "store" / layout.notice_key(job_id, 1)
     assert notice.exists(), "the agent never heard the interruption notice"
     assert json.loads(notice.read_text())["action"] == "terminate"
+
+
+# ------------------------------------------------------------------ 6. a forgotten attempt
+
+def test_two_instances_never_act_as_one_attempt_after_the_database_forgets_it(
+        home, daemon, tmp_path):
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    code = tmp_path / "code-twin"
+    code.mkdir()
+    (code / "train.py").write_text(WORKLOAD)
+    spec = tmp_path / "twin.yaml"
+    # Each run of the command leaves <attempt>-<instance> in marks/ before it trains.
+    spec.write_text(
+        "name: twin\n"
+        f"command: touch {marks}/$SPOTRUN_ATTEMPT-$SPOTRUN_INSTANCE_ID && {sys.executable} "
+        f"train.py\nworkdir: {code}\nwork: {{total_steps: 400}}\n"
+        "env: {WORKLOAD_STEP_S: '0.02', WORKLOAD_CKPT_EVERY: '20'}\npolicy: {market: spot}\n")
+    job_id = submit_job(home, spec)
+    ctx, runner = daemon()
+    first = wait_for(lambda: next((a for a in _attempts(ctx, job_id)
+                                   if a.last_heartbeat_at is not None), None), 60, "attempt 1")
+    runner.stop(wait=True)
+    # The state a lost WAL leaves: the attempt row (and what followed it) is gone, the job
+    # looks queued, while its instance runs on.
+    db = sqlite3.connect(home / "spotrun.db")
+    with db:
+        for table in ("attempt", "spendentry", "ledgermark", "event"):
+            db.execute(f"DELETE FROM {table} WHERE job_id = ?", (job_id,))
+        db.execute("UPDATE job SET state = 'QUEUED', last_step = 0 WHERE id = ?", (job_id,))
+    db.close()
+    ctx, runner = daemon()
+    twin = wait_for(lambda: next((a for a in _attempts(ctx, job_id) if a.instance_id
+                                  and a.instance_id != first.instance_id), None), 60,
+                    "the daemon to launch attempt 1 again")
+    assert twin.number == 1
+    job = wait_for(lambda: (j := _job(ctx, job_id)).state.is_terminal() and j, 120,
+                   "the job to finish")
+    runs = sorted(p.name for p in marks.iterdir())
+    ones = [r for r in runs if r.startswith("1-")]
+    assert ones == [f"1-{first.instance_id}"], runs   # the second instance never ran it
+    assert job.state is JobState.SUCCEEDED, job.reason
+    fenced = list((home / "store" / layout.attempt_prefix(job_id, 1)).glob("fenced-*.json"))
+    assert [json.loads(p.read_text())["holder"] for p in fenced] == [first.instance_id]

@@ -21,12 +21,12 @@ from spotrun.agent.child import child_env, exit_code_of, signal_group, spawn
 from spotrun.agent.clock import Clock, SystemClock, iso
 from spotrun.agent.config import AgentConfig
 from spotrun.agent.deadman import DeadmanSwitch
+from spotrun.agent.fence import AttemptFence, GuardedReporter, fenced_key, instance_identity
 from spotrun.agent.imds import ImdsClient, discovery_from_env, endpoint_for
 from spotrun.agent.logship import LogShipper
 from spotrun.agent.notice import NoticeWatcher, notice_poll_interval_wall_s
 from spotrun.agent.progress import ProgressReader
 from spotrun.agent.setup import AgentPaths, prepare
-from spotrun.agent.storeio import Reporter
 from spotrun.secrets import ClientFactory, Redactor
 from spotrun.store import open_store
 from spotrun.store.base import ObjectStore
@@ -55,7 +55,8 @@ class Agent:
                                        token_ttl_s=config.imds_token_ttl_s,
                                        monotonic=self.clock.monotonic,
                                        discover=discovery_from_env(self.environ))
-        self.reporter = Reporter(self.store)
+        self.reporter = GuardedReporter(self.store)
+        self.fence: AttemptFence | None = None
         self.progress = ProgressReader(self.paths.progress_path)
         self.deadman = DeadmanSwitch(config.deadman_timeout_s, self.clock)
         self.proc: subprocess.Popen | None = None
@@ -162,7 +163,28 @@ class Agent:
         if (step is not None and step != baseline) or self.clock.monotonic() >= deadline:
             self.begin_stop(reason)
 
+    def _claim_attempt(self) -> bool:
+        """Claim the attempt before any write to it; False: another instance acts as it."""
+        me = instance_identity(self.environ, self.imds)
+        fence = AttemptFence(self.store, self.config.job_id, self.config.attempt, me)
+        try:
+            ours = fence.claim()
+        except Exception as exc:   # the store cannot say who holds it: do not run
+            log.error("attempt_claim_failed", instance=me, error=str(exc)[:300])
+            return False
+        if not ours:
+            log.error("attempt_fenced", instance=me, holder=fence.holder)
+            self.reporter.put_json(fenced_key(self.config.job_id, self.config.attempt, me), {
+                "ts": iso(self.clock.time()), "instance_id": me, "holder": fence.holder})
+            return False
+        self.fence = fence
+        return True
+
     def _poll_control(self) -> None:
+        if self.fence is not None and not self.reporter.fenced and not self.fence.still_ours():
+            log.error("attempt_claim_lost", holder=self.fence.holder)
+            self.reporter.fenced = True   # from now on nothing is written as this attempt
+            self.begin_stop("fenced")
         try:
             control = self.reporter.read_json(layout.control_key(self.config.job_id))
             if control and control.get("cancel") is True:
@@ -186,6 +208,9 @@ class Agent:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 signal.signal(sig, self._on_signal)
         log.info("agent_start", job_id=self.config.job_id, attempt=self.config.attempt)
+        if not self._claim_attempt():
+            self._shutdown()
+            return 1
         self.heartbeat("setup")
         try:
             prepared = prepare(self.config, store=self.store, paths=self.paths,
