@@ -11,20 +11,23 @@ import json
 import os
 import signal
 import sqlite3
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 from sqlmodel import select
 
 import agent_helpers
 from spotrun import layout
 from spotrun.bundle import make_bundle
+from spotrun.cli import cli
 from spotrun.config import load_settings
 from spotrun.daemon.reconcile import budget_stop_request
 from spotrun.store import open_store
 from spotrun.daemon.app import build_context, build_runner
-from spotrun.db import Job, SpendEntry, attempts_of, session
+from spotrun.db import Event, Job, SpendEntry, attempts_of, session
 from spotrun.ledger.rules import SpendKind, rules_for
 from spotrun.market.client import read_live_info
 from spotrun.states import EndReason, JobState, Market, TerminationCause
@@ -222,3 +225,78 @@ def test_two_instances_never_act_as_one_attempt_after_the_database_forgets_it(
     assert job.state is JobState.SUCCEEDED, job.reason
     fenced = list((home / "store" / layout.attempt_prefix(job_id, 1)).glob("fenced-*.json"))
     assert [json.loads(p.read_text())["holder"] for p in fenced] == [first.instance_id]
+
+
+# ------------------------------------------------------------------ 9. failed checkpoint saves
+
+TORCH_JOB = r'''
+import time
+import torch
+from spotrun.errors import CheckpointError
+from spotrun.torch import Checkpointer
+
+torch.manual_seed(0)
+model = torch.nn.Linear(8, 2)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+ck = Checkpointer(model=model, optimizer=opt, every_steps=10, retries=1, retry_backoff_s=0.05)
+start = ck.restore()
+for step in range(start, ck.total_steps):
+    loss = model(torch.randn(4, 8)).pow(2).mean()
+    opt.zero_grad(); loss.backward(); opt.step()
+    time.sleep(0.02)
+    try:
+        ck.step(step + 1)
+    except CheckpointError as exc:   # this job prefers progress to safety: it trains on
+        print("checkpoint failed:", exc, flush=True)
+try:
+    ck.close()
+except CheckpointError as exc:
+    print("last checkpoint failed:", exc, flush=True)
+'''
+
+
+def _immutable(path: Path, on: bool) -> bool:
+    """chattr +i/-i: a directory even root cannot write into (a read-only store)."""
+    flag = "+i" if on else "-i"
+    return subprocess.run(["chattr", flag, str(path)], capture_output=True).returncode == 0
+
+
+def test_failed_checkpoint_saves_are_an_event_a_status_warning_and_an_audit_note(
+        home, daemon, tmp_path, monkeypatch):
+    code = tmp_path / "code-ro"
+    code.mkdir()
+    (code / "train.py").write_text(TORCH_JOB)
+    spec = tmp_path / "ro.yaml"
+    spec.write_text(f"name: ro\ncommand: {sys.executable} train.py\nworkdir: {code}\n"
+                    "work: {total_steps: 60}\npolicy: {market: spot}\n")
+    job_id = submit_job(home, spec)
+    ckpt = home / "store" / layout.default_checkpoint_prefix(job_id)
+    ckpt.mkdir(parents=True)
+    if not _immutable(ckpt, True):
+        ckpt.rmdir()
+        ckpt.write_text("not a directory")   # no chattr here: every write fails all the same
+    try:
+        ctx, runner = daemon()
+        job = wait_for(lambda: (j := _job(ctx, job_id)).state.is_terminal() and j, 180,
+                       "the job to finish")
+        runner.stop(wait=True)
+    finally:
+        if ckpt.is_dir():
+            _immutable(ckpt, False)
+    assert job.state is JobState.SUCCEEDED, job.reason
+    with session(ctx.engine) as s:
+        events = [e for e in s.exec(select(Event).where(Event.job_id == job_id))
+                  if e.kind == "checkpoint_save_failed"]
+    assert len(events) >= 3, events             # saves at 10, 20, ... all failed
+    att = _attempts(ctx, job_id)[0]
+    assert att.checkpoint_failures == len(events) and "step" in att.checkpoint_error
+    monkeypatch.setenv("SPOTRUN_HOME", str(home))
+    status = CliRunner().invoke(cli, ["status", job_id, "--json"])
+    assert status.exit_code == 0, status.output
+    warnings = json.loads(status.output)[0]["warnings"]
+    assert warnings and "checkpoint save(s) failed" in warnings[0]
+    text = CliRunner().invoke(cli, ["status"])
+    assert "warning" in text.output and "checkpoint save" in text.output, text.output
+    audit = CliRunner().invoke(cli, ["audit", job_id, "--json"])
+    assert audit.exit_code == 0, audit.output
+    assert "checkpoint save(s) failed" in audit.output

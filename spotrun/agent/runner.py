@@ -87,6 +87,9 @@ class Agent:
             "step": p.get("step"), "total_steps": total, "steps_per_s": p.get("steps_per_s"),
             "last_checkpoint_step": p.get("last_checkpoint_step"),
             "checkpoint_save_s": p.get("checkpoint_save_s"),
+            "checkpoint_failures": p.get("checkpoint_failures"),
+            "checkpoint_error_step": p.get("checkpoint_error_step"),
+            "checkpoint_error": p.get("checkpoint_error"),
             "notice": self._notice is not None, "rebalance": self._rebalance,
         })
 

@@ -12,6 +12,7 @@ from rich.table import Table
 
 from spotrun import layout
 from spotrun.cli.common import echo_json, get_settings, json_option
+from spotrun.daemon.savefail import save_warnings
 from spotrun.db import Attempt, Event, Job, attempts_of, find_job, iter_jobs, open_db, session
 from spotrun.errors import NotFoundError
 from spotrun.jobs import request_cancel, resume_job, submit as submit_job, validate_submission
@@ -71,7 +72,9 @@ def job_dict(job: Job, attempts: list[Attempt]) -> dict[str, Any]:
             "ended_at": a.ended_at, "end_reason": a.end_reason.value if a.end_reason else None,
             "start_step": a.start_step, "last_step": a.last_step, "notice_at": a.notice_at,
             "detail": a.detail if a.state.is_terminal() else None,
+            "checkpoint_failures": a.checkpoint_failures, "checkpoint_error": a.checkpoint_error,
         } for a in attempts],
+        "warnings": save_warnings(attempts),
     }
 
 
@@ -124,6 +127,9 @@ def print_jobs(console: Console, data: list[dict[str, Any]]) -> None:
                   str(sum(1 for a in att if a["end_reason"] == "reclaimed")),
                   f"{cur['instance_type']} {cur['zone']} {cur['market']}" if cur else "-")
     console.print(t)
+    for d in data:
+        for w in d.get("warnings", []):
+            console.print(f"[yellow]warning[/yellow] {d['id']}: {w}", markup=True)
 
 
 def print_timeline(console: Console, d: dict[str, Any], events: list[Event]) -> None:
@@ -131,6 +137,8 @@ def print_timeline(console: Console, d: dict[str, Any], events: list[Event]) -> 
     prog = f"{d['step']}/{d['total_steps']}" if d["total_steps"] else str(d["step"])
     console.print(f"[bold]{d['id']}[/bold]  state [bold]{d['state']}[/bold]  step {prog}"
                   + (f"  ({d['reason']})" if d["reason"] else ""))
+    for w in d.get("warnings", []):
+        console.print(f"[yellow]warning[/yellow] {w}")
     t = Table(title="attempts")
     for col in ("#", "pool", "$/h", "ran", "steps", "end"):
         t.add_column(col, no_wrap=True)

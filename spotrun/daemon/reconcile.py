@@ -17,6 +17,7 @@ from sqlmodel import select
 
 from spotrun import layout
 from spotrun.daemon.context import DaemonContext
+from spotrun.daemon.savefail import record_save_failures
 from spotrun.db import Attempt, Job, add_event, attempts_of, session
 from spotrun.errors import ObjectNotFound, StoreError
 from spotrun.providers.base import InstanceInfo
@@ -88,6 +89,14 @@ class ReconcileLoop:
             return None
         return report if isinstance(report, dict) else None
 
+    def _final_heartbeat(self, job: Job, att: Attempt) -> dict | None:
+        try:
+            beat = json.loads(self.ctx.store_for(job.store_uri).get_bytes(
+                layout.heartbeat_key(job.id, att.number)))
+        except (ObjectNotFound, StoreError, ValueError):
+            return None
+        return beat if isinstance(beat, dict) else None
+
     def _ended(self, att: Attempt, info: InstanceInfo, now: datetime) -> None:
         with session(self.ctx.engine) as s:
             job = s.get(Job, att.job_id)
@@ -109,6 +118,8 @@ class ReconcileLoop:
             a.ended_at = info.ended_at or self.ctx.provider.now()
             a.detail = detail
             a.instance_cause = info.cause.value if info.cause else None
+            # The final heartbeat may tell of save failures no heartbeat pass saw.
+            record_save_failures(s, a, self._final_heartbeat(job, att))
             if report and isinstance(report.get("step"), int):
                 a.last_step = max(a.last_step, report["step"])
             s.add(a)

@@ -98,6 +98,7 @@ class Checkpointer:
         self.buffer = SnapshotBuffer()
         self.persister = Persister(store, keep=self.keep, retries=retries, backoff_s=retry_backoff_s,
                                    shard_bytes=shard_bytes, clock=clock)
+        self.persister.on_failure = lambda _out: self.write_progress()   # failed saves show now
         # Reported through the progress file (the agent's heartbeat).
         self.current_step = 0
         self.last_checkpoint_step: int | None = None
@@ -392,7 +393,7 @@ class Checkpointer:
                 "emergency_checkpoint_step": self.emergency_checkpoint_step,
                 "checkpoint_persist_s": self.checkpoint_persist_s,
                 "emergency_save_s": self.emergency_save_s,
-                "checkpoint_interval_s": self.interval_s}
+                "checkpoint_interval_s": self.interval_s, **self.persister.failure_fields()}
 
     def write_progress(self) -> None:
         """Rewrite the progress file now."""
