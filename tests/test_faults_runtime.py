@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets as pysecrets
 import signal
 import sqlite3
 import subprocess
@@ -27,13 +28,14 @@ from spotrun.config import load_settings
 from spotrun.daemon.reconcile import budget_stop_request
 from spotrun.store import open_store
 from spotrun.daemon.app import build_context, build_runner
-from spotrun.db import Event, Job, SpendEntry, attempts_of, session
+from spotrun.db import Event, Job, SpendEntry, attempts_of, open_db, session
 from spotrun.ledger.rules import SpendKind, rules_for
 from spotrun.market.client import read_live_info
 from spotrun.states import EndReason, JobState, Market, TerminationCause
 
 from conftest import kill_leftovers, write_trace
-from daemon_helpers import WORKLOAD, all_booked, market_records, submit_job, write_home, write_job
+from daemon_helpers import (WORKLOAD, DaemonProc, all_booked, market_records, submit_job,
+                            write_home, write_job)
 from polling import wait_for
 from runtime_helpers import exit_report, hold_command, start_market
 
@@ -300,3 +302,43 @@ def test_failed_checkpoint_saves_are_an_event_a_status_warning_and_an_audit_note
     audit = CliRunner().invoke(cli, ["audit", job_id, "--json"])
     assert audit.exit_code == 0, audit.output
     assert "checkpoint save(s) failed" in audit.output
+
+
+# ------------------------------------------------------------------ 10. secrets on the instance
+
+def test_a_secret_the_job_prints_reaches_no_disk_and_not_the_market_environment(home, tmp_path):
+    secret = "tok-" + pysecrets.token_hex(12)
+    job_id = submit_job(home, write_job(tmp_path, "leaky", steps=150,
+                                        env={"WORKLOAD_STEP_S": "0.02"},
+                                        secrets={"API_TOKEN": "env:SPOTRUN_TEST_SECRET"}))
+    d = DaemonProc(home, tmp_path / "daemon.log", env={"SPOTRUN_TEST_SECRET": secret})
+    try:
+        logs = home / "market" / "instances"
+        # While the job runs, its local output already holds only the redacted value.
+        live = wait_for(lambda: next((p for p in logs.glob("*/spotrun-agent/output.log")
+                                      if b"secret=" in p.read_bytes()), None), 60,
+                        "the job's output on the instance")
+        assert b"secret=***" in live.read_bytes() and secret.encode() not in live.read_bytes()
+        market_pid = int(read_live_info(home / "market")["pid"])
+        environ = Path(f"/proc/{market_pid}/environ").read_bytes()
+        assert secret.encode() not in environ, "the market process holds the secret"
+        engine = open_db(f"sqlite:///{home / 'spotrun.db'}")
+        job = wait_for(lambda: (j := _job_of(engine, job_id)).state.is_terminal() and j, 90,
+                       "the job to finish")
+        assert d.terminate() == 0
+        engine.dispose()
+    finally:
+        if d.proc.poll() is None:
+            d.kill()
+    assert job.state is JobState.SUCCEEDED, job.reason
+    shipped = b"".join(p.read_bytes() for p in sorted(
+        (home / "store" / layout.log_prefix(job_id, 1)).glob("*.log")))
+    assert b"secret=***" in shipped                # the job did print it
+    assert not list(logs.glob("*/spotrun-agent/output.log")), "output.log left on the instance"
+    leaks = [str(p) for p in home.rglob("*") if p.is_file() and secret.encode() in p.read_bytes()]
+    assert leaks == [], leaks
+
+
+def _job_of(engine, job_id: str) -> Job:
+    with session(engine) as s:
+        return s.get(Job, job_id)

@@ -79,13 +79,17 @@ def child_env(config: AgentConfig, *, base: Mapping[str, str], secrets: Mapping[
     return env
 
 
-def spawn(command: str, *, cwd: Path, env: Mapping[str, str], log_path: Path) -> subprocess.Popen:
+def spawn(command: str, *, cwd: Path, env: Mapping[str, str], log_path: Path,
+          pipe: bool = False) -> subprocess.Popen:
     """Run the command with stdout+stderr appended to log_path, as a new session.
 
-    Call it before starting other threads: the preexec hook is not thread-safe.
+    With pipe=True its output goes to proc.stdout instead (the agent redacts it before
+    anything reaches the disk). Call it before starting other threads: the preexec
+    hook is not thread-safe.
     """
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    with open(log_path, "ab") as out:
+    with open(log_path, "ab") as logf:
+        out = subprocess.PIPE if pipe else logf
         proc = subprocess.Popen(["bash", "-c", SHELL_PREFIX + command], cwd=cwd, env=dict(env),
                                 stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                                 start_new_session=True, preexec_fn=_die_with_parent_fn())

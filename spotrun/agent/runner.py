@@ -23,7 +23,7 @@ from spotrun.agent.config import AgentConfig
 from spotrun.agent.deadman import DeadmanSwitch
 from spotrun.agent.fence import AttemptFence, GuardedReporter, fenced_key, instance_identity
 from spotrun.agent.imds import ImdsClient, discovery_from_env, endpoint_for
-from spotrun.agent.logship import LogShipper
+from spotrun.agent.logship import LogShipper, OutputTee
 from spotrun.agent.notice import NoticeWatcher, notice_poll_interval_wall_s
 from spotrun.agent.progress import ProgressReader
 from spotrun.agent.setup import AgentPaths, prepare
@@ -70,6 +70,7 @@ class Agent:
         self._notice_baseline: Any = None
         self._rebalance: str | None = None
         self._beat_now = False
+        self._tee: OutputTee | None = None
 
     # ------------------------------------------------------------ reports
 
@@ -234,12 +235,15 @@ class Agent:
         env = child_env(self.config, base=self.environ, secrets=prepared.secrets,
                         resume_checkpoint=prepared.resume_checkpoint,
                         progress_file=self.paths.progress_path)
+        values = list(prepared.secrets.values())
         shipper = LogShipper(self.reporter, layout.log_prefix(self.config.job_id,
                                                               self.config.attempt),
-                             self.paths.log_path, Redactor(list(prepared.secrets.values())))
+                             self.paths.log_path, Redactor(values))
         self.proc = spawn(self.config.command, cwd=self.paths.job_dir, env=env,
-                          log_path=self.paths.log_path)
-        del env, prepared
+                          log_path=self.paths.log_path, pipe=True)
+        assert self.proc.stdout is not None
+        self._tee = OutputTee(self.proc.stdout, self.paths.log_path, Redactor(values)).start()
+        del env, prepared, values
         log.info("command_started", pid=self.proc.pid)
         watcher = NoticeWatcher(self.imds, notice_poll_interval_wall_s(self.config),
                                 self._on_notice, self._on_rebalance)
@@ -292,13 +296,27 @@ class Agent:
         code = exit_code_of(returncode)
         reason = self.stop_reason or ("completed" if code == 0 else "error")
         self._check_emergency_save()
+        if self._tee is not None and not self._tee.join():
+            log.warning("job_output_still_open")   # an escaped process holds the pipe
         shipper.flush(final=True)
+        self._remove_local_log(shipper)
         self.heartbeat("exited")
         self._write_exit(reason, code)
         log.info("agent_exit", reason=reason, exit_code=code, log_segments=shipper.seq,
                  failed_writes=self.reporter.failed_writes)
         self._shutdown()
         return code
+
+    def _remove_local_log(self, shipper: LogShipper) -> None:
+        """Clean the instance disk of the job's output once all of it is in the store."""
+        if shipper.pending:
+            log.warning("local_log_kept", path=str(self.paths.log_path),
+                        reason="not every segment reached the store")
+            return
+        try:
+            self.paths.log_path.unlink()
+        except FileNotFoundError:
+            pass
 
     def _shutdown(self) -> None:
         """Run the configured shutdown command (AWS); locally exiting is the shutdown."""

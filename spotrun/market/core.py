@@ -110,8 +110,8 @@ class Market:
 
     # ---- launch -----------------------------------------------------------------------
     def launch(self, *, client_token: str | None, candidates: list[Candidate], user_data: str,
-               tags: dict[str, str], max_price_usd_per_hour: float | None = None
-               ) -> InstanceRecord:
+               tags: dict[str, str], max_price_usd_per_hour: float | None = None,
+               instance_env: dict[str, str] | None = None) -> InstanceRecord:
         """Start one instance in the first candidate pool with capacity (idempotent by token)."""
         if not candidates:
             raise BadInputError("at least one candidate is needed", field="candidates")
@@ -128,7 +128,8 @@ class Market:
                 if refusal:
                     reasons[cand.key()] = refusal
                     continue
-                return self._start(cand, client_token, user_data, tags, price, now, pos)
+                return self._start(cand, client_token, user_data, tags, price, now, pos,
+                                   instance_env or {})
             raise LaunchRefused(reasons)
 
     def _refusal(self, cand: Candidate, pos: float,
@@ -150,7 +151,8 @@ class Market:
         return None, price
 
     def _start(self, cand: Candidate, token: str | None, user_data: str, tags: dict[str, str],
-               price: float | None, now: float, pos: float) -> InstanceRecord:
+               price: float | None, now: float, pos: float,
+               instance_env: dict[str, str]) -> InstanceRecord:
         iid = "i-" + secrets.token_hex(9)[:17]
         disk = self.dir / "instances" / iid
         disk.mkdir(parents=True)
@@ -167,7 +169,9 @@ class Market:
                              launched_at=now, tags=dict(tags), price_usd_per_hour=price,
                              notice_at=notice_at, reclaim_at=reclaim_at)
         self.state.insert(rec)   # recorded before the process exists: a crash leaves a trace
-        env = dict(os.environ)
+        # The launch's own variables (its job's env: secrets) only reach the instance's
+        # process; they are never written to the state dir.
+        env = {**os.environ, **instance_env}
         env[procs.INSTANCE_ENV] = iid
         if self.imds_base:
             env[IMDS_ENV] = f"{self.imds_base}/{iid}"

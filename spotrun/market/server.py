@@ -237,7 +237,12 @@ def _launch(m: Market, body: dict[str, Any]) -> InstanceRecord:
     if not isinstance(tags, dict):
         raise BadInputError("must be an object", field="tags")
     max_price = body.get("max_price_usd_per_hour")
+    instance_env = body.get("instance_env") or {}
+    if not isinstance(instance_env, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in instance_env.items()):
+        raise BadInputError("must be an object of strings", field="instance_env")
     return m.launch(client_token=body.get("client_token") or None, candidates=cands,
+                    instance_env=instance_env,
                     user_data=str(body.get("user_data") or ""),
                     tags={str(k): str(v) for k, v in tags.items()},
                     max_price_usd_per_hour=None if max_price is None
