@@ -14,6 +14,8 @@ import signal
 import sqlite3
 import subprocess
 import sys
+import time
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -30,6 +32,7 @@ from spotrun.store import open_store
 from spotrun.daemon.app import build_context, build_runner
 from spotrun.db import Event, Job, SpendEntry, attempts_of, open_db, session
 from spotrun.ledger.rules import SpendKind, rules_for
+from spotrun.market import procs
 from spotrun.market.client import read_live_info
 from spotrun.states import EndReason, JobState, Market, TerminationCause
 
@@ -342,3 +345,48 @@ def test_a_secret_the_job_prints_reaches_no_disk_and_not_the_market_environment(
 def _job_of(engine, job_id: str) -> Job:
     with session(engine) as s:
         return s.get(Job, job_id)
+
+
+# ------------------------------------------------------------------ 11. market down at a reclaim
+
+def test_a_reclaim_the_market_was_down_for_is_booked_until_the_instance_really_stopped(
+        home, daemon, tmp_path):
+    job_id = submit_job(home, write_job(tmp_path, "unwatched", steps=100000,
+                                        env={"WORKLOAD_STEP_S": "0.02"}))
+    ctx, runner = daemon()
+    att = wait_for(lambda: next((a for a in _attempts(ctx, job_id)
+                                 if a.last_heartbeat_at is not None), None), 60, "a heartbeat")
+    client = start_market(home)
+    clock = client.time()
+
+    def market_now() -> float:
+        return clock["epoch_wall_s"] + (time.time() - clock["epoch_wall_s"]) * clock["time_scale"]
+
+    reclaim_at = client.interrupt(att.instance_id, 120.0)["reclaim_at"]
+    runner.stop(wait=True)
+    os.kill(int(read_live_info(home / "market")["pid"]), signal.SIGKILL)   # market and daemon down
+    due = datetime.fromisoformat(reclaim_at).timestamp()
+    wait_for(lambda: market_now() > due + 240.0, 30, "the reclaim time to pass, and more")
+    rec = next(r for r in market_records(home) if r.instance_id == att.instance_id)
+    assert procs.instance_pids(rec.instance_id, rec.pid, rec.pid_start_ticks), \
+        "nothing reclaims while the market is down: the instance runs on"
+    ran_until = market_now()
+    start_market(home)
+    ended = wait_for(lambda: next((r for r in market_records(home) if r.instance_id ==
+                                   att.instance_id and r.state.is_terminal()), None), 30,
+                     "the late reclaim")
+    assert ended.cause is TerminationCause.SPOT_RECLAIM
+    assert ended.ended_at >= ran_until, (ended.ended_at - due, "backdated to the reclaim time")
+    ctx, runner = daemon()
+    wait_for(lambda: all_booked(ctx.engine), 60, "the attempt to be booked")
+    runner.stop(wait=True)
+    with session(ctx.engine) as s:
+        rows = list(s.exec(select(SpendEntry).where(SpendEntry.instance_id == rec.instance_id)))
+    span = ended.ended_at - ended.launched_at
+    compute = sum(r.billed_seconds for r in rows if r.kind == SpendKind.COMPUTE.value) + sum(
+        r.billed_seconds for r in rows if r.kind == SpendKind.CORRECTION.value
+        and r.note.startswith("reverses row"))
+    assert compute == pytest.approx(span, abs=1e-3), rows      # booked as the market reports
+    want = rules_for("local").billed_seconds(span, market=Market.SPOT, reclaimed_by_provider=True)
+    billed = sum(r.billed_seconds for r in rows if r.kind in SpendKind.instance_kinds())
+    assert billed == pytest.approx(want, abs=1e-3)

@@ -30,6 +30,10 @@ from spotrun.states import InstanceState, Market as MarketKind, TerminationCause
 IMDS_ENV = "SPOTRUN_IMDS_ENDPOINT"
 IMDS_DISCOVERY_ENV = "SPOTRUN_IMDS_DISCOVERY"   # market.json: where IMDS is after a restart
 POLL_S = 0.1           # longest wall wait between watcher passes
+# A reclaim carried out more than this many wall seconds after its time (the market was
+# down, so nothing killed the instance) is reported when it really happened: the instance
+# ran, and is billed, until then. Within it, the reclaim time itself (watcher latency).
+LATE_RECLAIM_WALL_S = 1.0
 _DEFINING = ("trace", "prices", "pools", "instance_type", "time_scale", "start_tick", "notice_s",
              "spot_price_usd_per_hour", "region")
 
@@ -270,8 +274,14 @@ class Market:
     def _step_one(self, rec: InstanceRecord, now: float, now_wall: float) -> float:
         if rec.reclaim_at is not None and now >= rec.reclaim_at \
                 and rec.state is InstanceState.RUNNING:
-            self._end(rec, TerminationCause.SPOT_RECLAIM, rec.reclaim_at, kill=True)
-            return 0.0
+            late = now_wall - self.clock.wall_s(rec.reclaim_at) > LATE_RECLAIM_WALL_S
+            if not late:
+                self._end(rec, TerminationCause.SPOT_RECLAIM, rec.reclaim_at, kill=True)
+                return 0.0
+            if self._alive(rec):   # it ran on unwatched: reclaimed now, billed until now
+                self._end(rec, TerminationCause.SPOT_RECLAIM, now, kill=True)
+                return 0.0
+            # Late and already gone: it ended on its own, unwatched (the exit branch below).
         if rec.pid is None:
             # Recorded but never started (the market died mid-launch).
             self._end(rec, TerminationCause.UNKNOWN, now, kill=False)
