@@ -151,9 +151,11 @@ class MarketClient:
 # out of the market; a launch brings the variables its job refers to (instance_env_for).
 KEEP_ENV = {"PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LANGUAGE", "TZ", "TMPDIR",
             "TERM", "VIRTUAL_ENV", "PYTHONPATH", "PYTHONHASHSEED", "PYTHONUNBUFFERED",
-            "PYTHONDONTWRITEBYTECODE", "LD_LIBRARY_PATH", "SPOTRUN_HOME"}
-KEEP_ENV_PREFIXES = ("LC_", "CUDA_", "NVIDIA_", "NCCL_", "OMP_", "MKL_", "AWS_", "COV_CORE_",
-                     "COVERAGE_")
+            "PYTHONDONTWRITEBYTECODE", "LD_LIBRARY_PATH", "SPOTRUN_HOME", "SSL_CERT_FILE",
+            "REQUESTS_CA_BUNDLE", "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "http_proxy",
+            "https_proxy", "no_proxy"}
+KEEP_ENV_PREFIXES = ("LC_", "XDG_", "CUDA_", "NVIDIA_", "NCCL_", "OMP_", "MKL_", "TORCH_", "HF_",
+                     "AWS_", "COV_CORE_", "COVERAGE_")
 
 
 def market_environment(environ: dict[str, str] | None = None) -> dict[str, str]:
