@@ -19,13 +19,11 @@ from datetime import datetime
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
 from sqlmodel import select
 
 import agent_helpers
 from spotrun import layout
 from spotrun.bundle import make_bundle
-from spotrun.cli import cli
 from spotrun.config import load_settings
 from spotrun.daemon.reconcile import budget_stop_request
 from spotrun.store import open_store
@@ -267,7 +265,7 @@ def _immutable(path: Path, on: bool) -> bool:
 
 
 def test_failed_checkpoint_saves_are_an_event_a_status_warning_and_an_audit_note(
-        home, daemon, tmp_path, monkeypatch):
+        home, daemon, tmp_path):
     code = tmp_path / "code-ro"
     code.mkdir()
     (code / "train.py").write_text(TORCH_JOB)
@@ -295,16 +293,22 @@ def test_failed_checkpoint_saves_are_an_event_a_status_warning_and_an_audit_note
     assert len(events) >= 3, events             # saves at 10, 20, ... all failed
     att = _attempts(ctx, job_id)[0]
     assert att.checkpoint_failures == len(events) and "step" in att.checkpoint_error
-    monkeypatch.setenv("SPOTRUN_HOME", str(home))
-    status = CliRunner().invoke(cli, ["status", job_id, "--json"])
-    assert status.exit_code == 0, status.output
-    warnings = json.loads(status.output)[0]["warnings"]
+    status = _spotrun(home, "status", job_id, "--json")
+    assert status.returncode == 0, status.stderr
+    warnings = json.loads(status.stdout)[0]["warnings"]
     assert warnings and "checkpoint save(s) failed" in warnings[0]
-    text = CliRunner().invoke(cli, ["status"])
-    assert "warning" in text.output and "checkpoint save" in text.output, text.output
-    audit = CliRunner().invoke(cli, ["audit", job_id, "--json"])
-    assert audit.exit_code == 0, audit.output
-    assert "checkpoint save(s) failed" in audit.output
+    text = _spotrun(home, "status")
+    assert "warning" in text.stdout and "checkpoint save" in text.stdout, text.stdout
+    audit = _spotrun(home, "audit", job_id, "--json")
+    assert audit.returncode == 0, audit.stderr
+    assert "checkpoint save(s) failed" in audit.stdout
+
+
+def _spotrun(home: Path, *args: str) -> subprocess.CompletedProcess:
+    """Run the real CLI (`python -m spotrun`) on the home, wide enough for one-line rows."""
+    env = dict(os.environ, SPOTRUN_HOME=str(home), COLUMNS="300")
+    return subprocess.run([sys.executable, "-m", "spotrun", *args], env=env,
+                          capture_output=True, text=True, timeout=60)
 
 
 # ------------------------------------------------------------------ 10. secrets on the instance
