@@ -394,3 +394,23 @@ def test_a_reclaim_the_market_was_down_for_is_booked_until_the_instance_really_s
     want = rules_for("local").billed_seconds(span, market=Market.SPOT, reclaimed_by_provider=True)
     billed = sum(r.billed_seconds for r in rows if r.kind in SpendKind.instance_kinds())
     assert billed == pytest.approx(want, abs=1e-3)
+
+
+def test_imds_client_follows_the_discovery_file_to_a_moved_endpoint(tmp_path):
+    from spotrun.agent.imds import INSTANCE_ACTION, ImdsClient, discovery_from_env
+    from spotrun.market.imds import ImdsServer
+    first = ImdsServer("i-0moved").start()
+    discovery = tmp_path / "market.json"
+    discovery.write_text(json.dumps({"imds_url": first.url + "/imds"}))
+    client = ImdsClient(first.url + "/imds/i-0moved", discover=discovery_from_env(
+        {"SPOTRUN_IMDS_DISCOVERY": str(discovery), "SPOTRUN_INSTANCE_ID": "i-0moved"}))
+    assert client.get(INSTANCE_ACTION) is None
+    first.stop()
+    second = ImdsServer("i-0moved").start()
+    try:
+        second.arm_notice("terminate", "2030-01-01T00:02:00Z")
+        discovery.write_text(json.dumps({"imds_url": second.url + "/imds"}))
+        assert '"terminate"' in (client.get(INSTANCE_ACTION) or "")
+        assert client.rediscoveries == 1 and client.base_url.startswith(second.url)
+    finally:
+        second.stop()

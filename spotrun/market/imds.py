@@ -193,7 +193,13 @@ class ImdsServer:
             self.minter = TokenMinter(secrets.token_bytes(32), time.time)
 
     def answer(self, method: str, path: str, headers: Mapping[str, str]) -> ImdsReply:
-        """Serve one request through `handle` and count what the tests look at."""
+        """Serve one request through `handle` and count what the tests look at.
+
+        Paths may also carry the market's layout (`imds/<instance id>/latest/...`).
+        """
+        market_prefix = f"imds/{self.meta.instance_id}/"
+        if path.startswith(market_prefix):
+            path = path[len(market_prefix):]
         with self.lock:
             self.requests.append(f"{method} /{path}")
             reply = handle(method, path, headers, self.meta, self.minter, self.max_ttl_s)
