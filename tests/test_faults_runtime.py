@@ -228,6 +228,8 @@ def test_two_instances_never_act_as_one_attempt_after_the_database_forgets_it(
     assert job.state is JobState.SUCCEEDED, job.reason
     fenced = list((home / "store" / layout.attempt_prefix(job_id, 1)).glob("fenced-*.json"))
     assert [json.loads(p.read_text())["holder"] for p in fenced] == [first.instance_id]
+    ended_twin = next(a for a in _attempts(ctx, job_id) if a.id == twin.id)
+    assert f"fenced out: attempt 1 already runs on {first.instance_id}" in ended_twin.detail
 
 
 # ------------------------------------------------------------------ 9. failed checkpoint saves

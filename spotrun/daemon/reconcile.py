@@ -16,6 +16,7 @@ from datetime import datetime
 from sqlmodel import select
 
 from spotrun import layout
+from spotrun.agent.fence import fenced_key
 from spotrun.daemon.context import DaemonContext
 from spotrun.daemon.savefail import record_save_failures
 from spotrun.db import Attempt, Job, add_event, attempts_of, session
@@ -89,6 +90,15 @@ class ReconcileLoop:
             return None
         return report if isinstance(report, dict) else None
 
+    def _fenced_note(self, job: Job, att: Attempt) -> dict | None:
+        """The note an agent leaves when another instance holds its attempt (agent/fence.py)."""
+        try:
+            note = json.loads(self.ctx.store_for(job.store_uri).get_bytes(
+                fenced_key(job.id, att.number, att.instance_id or "")))
+        except (ObjectNotFound, StoreError, ValueError):
+            return None
+        return note if isinstance(note, dict) else None
+
     def _final_heartbeat(self, job: Job, att: Attempt) -> dict | None:
         try:
             beat = json.loads(self.ctx.store_for(job.store_uri).get_bytes(
@@ -108,6 +118,10 @@ class ReconcileLoop:
                                  error=str(exc)[:200])
             return
         reason, detail = end_reason_of(report, info, att, job.cancel_requested)
+        fenced = self._fenced_note(job, att) if report is None else None
+        if fenced is not None:
+            detail = (f"fenced out: attempt {att.number} already runs on "
+                      f"{fenced.get('holder') or 'another instance'}")
         with session(self.ctx.engine) as s:
             a = s.get(Attempt, att.id)
             if a.state is AttemptState.TERMINATING and a.end_reason is not None \
