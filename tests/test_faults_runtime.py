@@ -416,3 +416,38 @@ def test_imds_client_follows_the_discovery_file_to_a_moved_endpoint(tmp_path):
         assert client.rediscoveries == 1 and client.base_url.startswith(second.url)
     finally:
         second.stop()
+
+
+class _ReclaimDuringDescribe:
+    """The real local provider; its next describe is preceded by a reclaim of `victim`,
+    so the instance ends after the spend tick read the clock (as a slow call would see)."""
+
+    def __init__(self, inner, victim: str) -> None:
+        self.inner, self.victim = inner, victim
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def describe(self, **kw):
+        if self.victim:
+            self.inner.client.interrupt(self.victim, 0.0)
+            self.victim = ""
+        return self.inner.describe(**kw)
+
+
+def test_an_end_reported_after_the_tick_read_the_clock_is_booked_to_the_end(home, daemon,
+                                                                          tmp_path):
+    from spotrun.daemon.spend import SpendLoop
+    job_id = submit_job(home, write_job(tmp_path, "slowcall", steps=100000,
+                                        env={"WORKLOAD_STEP_S": "0.02"}))
+    ctx, runner = daemon()
+    att = wait_for(lambda: next((a for a in _attempts(ctx, job_id)
+                                 if a.last_heartbeat_at is not None), None), 60, "a heartbeat")
+    runner.stop(wait=True)
+    SpendLoop(ctx.engine, _ReclaimDuringDescribe(ctx.provider, att.instance_id)).tick()
+    rec = next(r for r in market_records(home) if r.instance_id == att.instance_id)
+    assert rec.state.is_terminal()
+    with session(ctx.engine) as s:
+        rows = list(s.exec(select(SpendEntry).where(SpendEntry.instance_id == rec.instance_id)))
+    compute = sum(r.billed_seconds for r in rows if r.kind == SpendKind.COMPUTE.value)
+    assert compute == pytest.approx(rec.ended_at - rec.launched_at, abs=1e-3), rows
