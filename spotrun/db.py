@@ -111,6 +111,9 @@ class Attempt(SQLModel, table=True):
     running_at: datetime | None = Field(default=None, sa_type=UTCDateTime)  # provider clock:
     #   first heartbeat in phase "running" (boot, setup and restore are over); audit overhead
     checkpoint_stall_s: float | None = None  # training seconds paused for checkpoint saves
+    instance_cause: str | None = None  # the provider's termination cause (TerminationCause)
+    checkpoint_failures: int = 0        # checkpoint saves that failed (every try), per heartbeats
+    checkpoint_error: str | None = None  # the last failed save: "step N: error"
 
 
 class Event(SQLModel, table=True):

@@ -5,114 +5,21 @@ from __future__ import annotations
 
 import json
 import os
-import secrets as pysecrets
 import subprocess
 import sys
-import threading
-import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 from spotrun.agent.config import AgentConfig
-
-TOKEN_PATH = "/latest/api/token"
-ACTION_PATH = "/latest/meta-data/spot/instance-action"
-REBALANCE_PATH = "/latest/meta-data/events/recommendations/rebalance"
-USER_DATA_PATH = "/latest/user-data"
+from spotrun.market import imds
 
 
-class ImdsServer:
-    """A tiny IMDSv2: tokens by PUT (TTL enforced), GETs rejected (401) without a live token.
 
-    A test arms the spot notice or the rebalance hint; counters tell how the
-    client behaved (token PUTs, polls, rejected requests).
-    """
-
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.tokens: dict[str, float] = {}       # token -> monotonic expiry
-        self.instance_action: dict[str, Any] | None = None
-        self.rebalance: dict[str, Any] | None = None
-        self.user_data: str | None = None
-        self.token_puts = 0
-        self.rejected = 0
-        self.action_polls = 0
-        self.action_polls_after_arm = 0
-        self.max_ttl_s = 21600
-        server = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args: Any) -> None:   # keep test output clean
-                pass
-
-            def _send(self, code: int, body: str = "") -> None:
-                data = body.encode()
-                self.send_response(code)
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            def do_PUT(self) -> None:
-                if self.path != TOKEN_PATH:
-                    return self._send(404)
-                try:
-                    ttl = int(self.headers.get("X-aws-ec2-metadata-token-ttl-seconds", ""))
-                except ValueError:
-                    return self._send(400, "missing or bad TTL header")
-                if not 1 <= ttl <= server.max_ttl_s:
-                    return self._send(400, "TTL out of range")
-                token = pysecrets.token_hex(16)
-                with server.lock:
-                    server.tokens[token] = time.monotonic() + ttl
-                    server.token_puts += 1
-                self._send(200, token)
-
-            def do_GET(self) -> None:
-                token = self.headers.get("X-aws-ec2-metadata-token", "")
-                with server.lock:
-                    expiry = server.tokens.get(token)
-                    if expiry is None or time.monotonic() >= expiry:
-                        server.rejected += 1
-                        return self._send(401)
-                    if self.path == ACTION_PATH:
-                        server.action_polls += 1
-                        if server.instance_action is not None:
-                            server.action_polls_after_arm += 1
-                    body = {ACTION_PATH: server.instance_action,
-                            REBALANCE_PATH: server.rebalance}.get(self.path)
-                    user_data = server.user_data
-                if self.path == USER_DATA_PATH and user_data is not None:
-                    return self._send(200, user_data)
-                if body is None:
-                    return self._send(404)
-                self._send(200, json.dumps(body))
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.httpd.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
-        self._thread = threading.Thread(target=self.httpd.serve_forever,
-                                        kwargs={"poll_interval": 0.05}, daemon=True)
-
-    def start(self) -> "ImdsServer":
-        """Serve in a background thread."""
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        """Shut the server down."""
-        self.httpd.shutdown()
-        self.httpd.server_close()
-
-    def arm_notice(self, action: str = "terminate", when: str = "2030-01-01T00:02:00Z") -> None:
-        """From now on, instance-action answers the notice."""
-        with self.lock:
-            self.instance_action = {"action": action, "time": when}
-
-    def arm_rebalance(self, when: str = "2030-01-01T00:00:00Z") -> None:
-        """From now on, the rebalance recommendation is present."""
-        with self.lock:
-            self.rebalance = {"noticeTime": when}
+def ImdsServer() -> "imds.ImdsServer":
+    """An IMDSv2 on 127.0.0.1 for one agent: the project's one implementation
+    (spotrun.market.imds.ImdsServer, the protocol the market serves). A test arms the
+    spot notice or the rebalance hint; counters tell how the client behaved."""
+    return imds.ImdsServer("i-0agenttest")
 
 
 # A torch-free stand-in for a training job: counts steps, writes the progress

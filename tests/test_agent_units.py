@@ -79,8 +79,7 @@ def test_imds_requires_token_and_client_renews_it_before_expiry(imds):
 def test_imds_client_recovers_from_revoked_token(imds):
     client = ImdsClient(imds.url, token_ttl_s=300)
     client.get(INSTANCE_ACTION)
-    with imds.lock:
-        imds.tokens.clear()                               # e.g. IMDS restarted
+    imds.revoke_tokens()                                  # e.g. IMDS restarted
     assert client.get(INSTANCE_ACTION) is None
     assert imds.rejected == 1 and imds.token_puts == 2
 

@@ -187,3 +187,66 @@ def jobs_now(engine):
     """Jobs by id and all attempts."""
     from daemon_helpers import jobs_and_attempts
     return jobs_and_attempts(engine)
+
+
+EXIT_KILLS = 20
+
+
+def test_sigkill_between_exit_report_and_instance_end_never_reruns(tmp_home: Path,
+                                                                   tmp_path: Path):
+    """20 SIGKILLs of the daemon, each placed while a finished job's instance still runs
+    (its agent wrote exit.json); the instance is then reclaimed. No job may run twice."""
+    from runtime_helpers import exit_report, hold_command, start_market
+    trace = write_trace(tmp_path / "trace.csv", {"za": [1] * 300}, tick_s=600.0)
+    write_home(tmp_home, trace, scale=60.0, hb_timeout=60.0, lease_ttl=3.0)
+    rng = random.Random(SEED)
+    try:
+        client = start_market(tmp_home, instance_command=hold_command(tmp_path))
+        ids = [submit_job(tmp_home, write_job(tmp_path, f"j{i}", steps=20))
+               for i in range(EXIT_KILLS // 2)]
+        engine = open_db(f"sqlite:///{tmp_home / 'spotrun.db'}")
+        log = tmp_path / "daemon.log"
+        pending = list(ids)
+        kills = 0
+        while kills < EXIT_KILLS:
+            d = DaemonProc(tmp_home, log)
+            before = kills
+            wait_for(lambda: _lease_count(log) > before, 30, f"daemon {kills} to take the lease")
+            if kills % 2 == 0:
+                # Kill while a finished job's instance is up, then reclaim it while down.
+                job = wait_for(lambda: next((j for j in pending if (exit_report(
+                    tmp_home, j, 1) or {}).get("reason") == "completed"), None), 60,
+                    "a job's exit report")
+                d.kill()
+                iid = _instance_of(engine, job)
+                client.interrupt(iid, 0.0)
+            else:
+                # Kill a moment after the reclaim, before or while reconcile ends the attempt.
+                threading.Event().wait(rng.uniform(0.0, 0.4))
+                d.kill()
+                pending.remove(job)
+            kills += 1
+        final = DaemonProc(tmp_home, log)
+        wait_for(lambda: _lease_count(log) > kills, 30, "the last daemon to take the lease")
+        wait_for(lambda: all(j.state.is_terminal() for j in jobs_now(engine)[0].values())
+                 or any(a.number > 1 for a in jobs_now(engine)[1]), 90, "every job to settle")
+        assert final.terminate() == 0
+        jobs, atts = jobs_now(engine)
+        reran = sorted({a.job_id for a in atts if a.number > 1})
+        assert reran == [], f"{len(reran)} job(s) ran twice"
+        assert all(jobs[j].state is JobState.SUCCEEDED for j in ids), \
+            [(j.state, j.reason) for j in jobs.values()]
+        assert all(a.end_reason is EndReason.COMPLETED for a in atts)
+        by_job = Counter(r.tags.get("spotrun:job") for r in market_records(tmp_home))
+        assert all(by_job[j] == 1 for j in ids), by_job
+        print(json.dumps({"kills": kills, "jobs": len(ids), "reruns": len(reran)}))
+        engine.dispose()
+    finally:
+        kill_leftovers(tmp_home / "market")
+
+
+def _instance_of(engine, job_id: str) -> str:
+    with session(engine) as s:
+        att = s.exec(select(Attempt).where(Attempt.job_id == job_id)).first()
+    assert att is not None and att.instance_id, job_id
+    return att.instance_id

@@ -149,16 +149,20 @@ def record_notice(path: Path, info: Mapping[str, Any], *, seen_wall_s: float, ti
     return end
 
 
-def spawn(command: str, *, cwd: Path, env: Mapping[str, str], log_path: Path) -> subprocess.Popen:
+def spawn(command: str, *, cwd: Path, env: Mapping[str, str], log_path: Path,
+          pipe: bool = False) -> subprocess.Popen:
     """Run the command with stdout+stderr appended to log_path, as a new session.
 
-    Call it before starting other threads: the preexec hook is not thread-safe.
-    A notice file left by an earlier run in the same folder is removed first.
+    With pipe=True its output goes to proc.stdout instead (the agent redacts it before
+    anything reaches the disk). Call it before starting other threads: the preexec
+    hook is not thread-safe. A notice file left by an earlier run in the same folder is
+    removed first.
     """
     if env.get(NOTICE_ENV):
         Path(env[NOTICE_ENV]).unlink(missing_ok=True)
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    with open(log_path, "ab") as out:
+    with open(log_path, "ab") as logf:
+        out = subprocess.PIPE if pipe else logf
         proc = subprocess.Popen(["bash", "-c", SHELL_PREFIX + command], cwd=cwd, env=dict(env),
                                 stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                                 start_new_session=True, preexec_fn=_die_with_parent_fn())

@@ -1,4 +1,9 @@
-"""Ship the job's local log to the store as numbered, never-rewritten segments.
+"""Write the job's output to the instance disk redacted, and ship it to the store as
+numbered, never-rewritten segments.
+
+`OutputTee` reads the command's output from a pipe and appends it to output.log with
+secret values already replaced, so no unredacted copy ever reaches the instance's
+disk; the agent removes the file once every byte is shipped.
 
 Each flush uploads only the bytes added since the last one, with secret values
 replaced by '***'. A segment whose upload failed is retried with the same
@@ -8,7 +13,10 @@ filled later with different content.
 
 from __future__ import annotations
 
+import os
+import threading
 from pathlib import Path
+from typing import IO
 
 from spotrun.agent.storeio import Reporter
 from spotrun.secrets import Redactor
@@ -55,6 +63,11 @@ class LogShipper:
         self.offset += len(data)
         return data
 
+    @property
+    def pending(self) -> bool:
+        """True while a segment failed to upload and waits for a retry."""
+        return self._unsent is not None
+
     def flush(self, *, final: bool = False) -> int:
         """Upload new output as segments; returns how many were written."""
         written = 0
@@ -73,3 +86,37 @@ class LogShipper:
                 written += 1
             if len(raw) < self.max_segment_bytes:
                 return written
+
+
+class OutputTee:
+    """A thread copying a pipe to a file through a Redactor (streaming, split-safe)."""
+
+    def __init__(self, pipe: IO[bytes], path: str | Path, redactor: Redactor) -> None:
+        self.pipe = pipe
+        self.path = Path(path)
+        self.redactor = redactor
+        self.bytes_in = 0
+        self._thread = threading.Thread(target=self._run, name="output-tee", daemon=True)
+
+    def start(self) -> "OutputTee":
+        """Start copying."""
+        self._thread.start()
+        return self
+
+    def join(self, timeout_s: float = 5.0) -> bool:
+        """Wait for the end of the output (every writer gone); False on timeout."""
+        self._thread.join(timeout_s)
+        return not self._thread.is_alive()
+
+    def _run(self) -> None:
+        fd = self.pipe.fileno()
+        with open(self.path, "ab") as out:
+            while True:
+                chunk = os.read(fd, 65536)
+                if not chunk:
+                    break
+                self.bytes_in += len(chunk)
+                out.write(self.redactor.feed(chunk))
+                out.flush()   # the shipper reads the file as it grows
+            out.write(self.redactor.finish())
+        self.pipe.close()

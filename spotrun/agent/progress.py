@@ -11,7 +11,8 @@ from pathlib import Path
 from typing import Any
 
 FIELDS = ("step", "total_steps", "steps_per_s", "last_checkpoint_step", "checkpoint_save_s",
-          "emergency_checkpoint_step")
+          "emergency_checkpoint_step", "checkpoint_failures", "checkpoint_error_step",
+          "checkpoint_error")
 
 
 class ProgressReader:

@@ -22,13 +22,13 @@ from spotrun.agent.child import (child_env, exit_code_of, notice_path, record_no
 from spotrun.agent.clock import Clock, SystemClock, iso
 from spotrun.agent.config import AgentConfig
 from spotrun.agent.deadman import DeadmanSwitch
-from spotrun.agent.imds import ImdsClient, endpoint_for
-from spotrun.agent.logship import LogShipper
+from spotrun.agent.fence import AttemptFence, GuardedReporter, fenced_key, instance_identity
+from spotrun.agent.imds import ImdsClient, discovery_from_env, endpoint_for
+from spotrun.agent.logship import LogShipper, OutputTee
 from spotrun.agent.outputs import OutputUploader
 from spotrun.agent.notice import NoticeWatcher, notice_poll_interval_wall_s
 from spotrun.agent.progress import ProgressReader
 from spotrun.agent.setup import AgentPaths, prepare
-from spotrun.agent.storeio import Reporter
 from spotrun.secrets import ClientFactory, Redactor
 from spotrun.store import open_store
 from spotrun.store.base import ObjectStore
@@ -55,8 +55,10 @@ class Agent:
         self.secret_clients = secret_clients
         self.imds = imds or ImdsClient(endpoint_for(config.imds_endpoint),
                                        token_ttl_s=config.imds_token_ttl_s,
-                                       monotonic=self.clock.monotonic)
-        self.reporter = Reporter(self.store)
+                                       monotonic=self.clock.monotonic,
+                                       discover=discovery_from_env(self.environ))
+        self.reporter = GuardedReporter(self.store)
+        self.fence: AttemptFence | None = None
         self.progress = ProgressReader(self.paths.progress_path)
         self.deadman = DeadmanSwitch(config.deadman_timeout_s, self.clock)
         self.proc: subprocess.Popen | None = None
@@ -71,6 +73,7 @@ class Agent:
         self._rebalance: str | None = None
         self._beat_now = False
         self.outputs: OutputUploader | None = None
+        self._tee: OutputTee | None = None
 
     # ------------------------------------------------------------ reports
 
@@ -88,6 +91,9 @@ class Agent:
             "step": p.get("step"), "total_steps": total, "steps_per_s": p.get("steps_per_s"),
             "last_checkpoint_step": p.get("last_checkpoint_step"),
             "checkpoint_save_s": p.get("checkpoint_save_s"),
+            "checkpoint_failures": p.get("checkpoint_failures"),
+            "checkpoint_error_step": p.get("checkpoint_error_step"),
+            "checkpoint_error": p.get("checkpoint_error"),
             "notice": self._notice is not None, "rebalance": self._rebalance,
         })
 
@@ -170,13 +176,35 @@ class Agent:
         if (step is not None and step != baseline) or self.clock.monotonic() >= deadline:
             self.begin_stop(reason)
 
+    def _claim_attempt(self) -> bool:
+        """Claim the attempt before any write to it; False: another instance acts as it."""
+        me = instance_identity(self.environ, self.imds)
+        fence = AttemptFence(self.store, self.config.job_id, self.config.attempt, me)
+        try:
+            ours = fence.claim()
+        except Exception as exc:   # the store cannot say who holds it: do not run
+            log.error("attempt_claim_failed", instance=me, error=str(exc)[:300])
+            return False
+        if not ours:
+            log.error("attempt_fenced", instance=me, holder=fence.holder)
+            self.reporter.put_json(fenced_key(self.config.job_id, self.config.attempt, me), {
+                "ts": iso(self.clock.time()), "instance_id": me, "holder": fence.holder})
+            return False
+        self.fence = fence
+        return True
+
     def _poll_control(self) -> None:
+        if self.fence is not None and not self.reporter.fenced and not self.fence.still_ours():
+            log.error("attempt_claim_lost", holder=self.fence.holder)
+            self.reporter.fenced = True   # from now on nothing is written as this attempt
+            self.begin_stop("fenced")
         try:
             control = self.reporter.read_json(layout.control_key(self.config.job_id))
             if control and control.get("cancel") is True:
                 self.begin_stop("cancelled")
                 return
-            if control and control.get("checkpoint_and_stop"):
+            if control and control.get("checkpoint_and_stop") and _addressed(
+                    control.get("attempts"), self.config.attempt):
                 self.begin_save_then_stop(str(control.get("reason") or "budget"))
             self.deadman.observe(self.reporter.read_json(layout.DAEMON_ALIVE))
         except Exception as exc:   # store trouble: the dead-man clock keeps running
@@ -193,6 +221,9 @@ class Agent:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 signal.signal(sig, self._on_signal)
         log.info("agent_start", job_id=self.config.job_id, attempt=self.config.attempt)
+        if not self._claim_attempt():
+            self._shutdown()
+            return 1
         self.heartbeat("setup")
         try:
             prepared = prepare(self.config, store=self.store, paths=self.paths,
@@ -213,12 +244,15 @@ class Agent:
         env = child_env(self.config, base=self.environ, secrets=prepared.secrets,
                         resume_checkpoint=prepared.resume_checkpoint,
                         progress_file=self.paths.progress_path)
+        values = list(prepared.secrets.values())
         shipper = LogShipper(self.reporter, layout.log_prefix(self.config.job_id,
                                                               self.config.attempt),
-                             self.paths.log_path, Redactor(list(prepared.secrets.values())))
+                             self.paths.log_path, Redactor(values))
         self.proc = spawn(self.config.command, cwd=self.paths.job_dir, env=env,
-                          log_path=self.paths.log_path)
-        del env, prepared
+                          log_path=self.paths.log_path, pipe=True)
+        assert self.proc.stdout is not None
+        self._tee = OutputTee(self.proc.stdout, self.paths.log_path, Redactor(values)).start()
+        del env, prepared, values
         log.info("command_started", pid=self.proc.pid)
         if self.config.outputs:
             self.outputs = OutputUploader(self.store, self.config.job_id, self.config.attempt,
@@ -275,16 +309,30 @@ class Agent:
         code = exit_code_of(returncode)
         reason = self.stop_reason or ("completed" if code == 0 else "error")
         self._check_emergency_save()
+        if self._tee is not None and not self._tee.join():
+            log.warning("job_output_still_open")   # an escaped process holds the pipe
         if self.outputs is not None:
             self.outputs.join()
             self.outputs.upload_safely("exit")
         shipper.flush(final=True)
+        self._remove_local_log(shipper)
         self.heartbeat("exited")
         self._write_exit(reason, code)
         log.info("agent_exit", reason=reason, exit_code=code, log_segments=shipper.seq,
                  failed_writes=self.reporter.failed_writes)
         self._shutdown()
         return code
+
+    def _remove_local_log(self, shipper: LogShipper) -> None:
+        """Clean the instance disk of the job's output once all of it is in the store."""
+        if shipper.pending:
+            log.warning("local_log_kept", path=str(self.paths.log_path),
+                        reason="not every segment reached the store")
+            return
+        try:
+            self.paths.log_path.unlink()
+        except FileNotFoundError:
+            pass
 
     def _shutdown(self) -> None:
         """Run the configured shutdown command (AWS); locally exiting is the shutdown."""
@@ -296,3 +344,10 @@ class Agent:
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         except (subprocess.SubprocessError, OSError) as exc:
             log.error("shutdown_command_failed", error=str(exc)[:300])
+
+
+def _addressed(attempts: Any, attempt: int) -> bool:
+    """Is a stop request for this attempt? One naming no attempts (older daemons) is for all."""
+    if attempts is None:
+        return True
+    return isinstance(attempts, list) and attempt in attempts

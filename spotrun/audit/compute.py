@@ -20,6 +20,7 @@ from typing import Callable
 from sqlmodel import Session, select
 
 from spotrun.audit.regret import hindsight
+from spotrun.daemon.savefail import save_warnings
 from spotrun.db import Attempt, Job, SpendEntry, attempts_of, find_job, iter_jobs
 from spotrun.errors import NotFoundError
 from spotrun.ledger.intervals import seconds_between
@@ -284,6 +285,7 @@ def _attempts(out: JobAudit, job: Job, all_atts: list[Attempt], atts: list[Attem
         wait = (seconds_between(p.ended_at, a.started_at)
                 if p is not None and p.ended_at is not None else None)
         facts.append((a, end, used_s, gained, kept, overhead, wait, ran_to))
+    out.notes += save_warnings(atts)   # failed checkpoint saves (spotrun.daemon.savefail)
     rates = _rates([f[:7] for f in facts], out)
     out.waste = {c: WasteLine() for c in WASTE_CAUSES}
     out.causes = {c: WasteLine() for c in CAUSES}

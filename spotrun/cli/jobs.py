@@ -111,6 +111,9 @@ def print_jobs(console: Console, data: list[dict[str, Any]], *, wide: bool = Fal
                      "current": f"{cur['instance_type']} {cur['zone']} {cur['market']}"
                      if cur else "-"})
     print_table(console, "jobs", cols, rows, wide=wide)
+    for d in data:
+        for w in d.get("warnings", []):
+            console.print(f"[yellow]warning[/yellow] {d['id']}: {w}", markup=True)
 
 
 def steps_text(a: dict[str, Any]) -> str:
@@ -129,6 +132,8 @@ def print_timeline(console: Console, d: dict[str, Any], events: list[dict[str, A
     console.print(f"[bold]{d['id']}[/bold]  state [bold]{d['state']}[/bold]  step {prog}  "
                   f"reclaims {d['reclaims']}" + (f"  ({d['reason']})" if d["reason"] else ""),
                   soft_wrap=True)
+    for w in d.get("warnings", []):
+        console.print(f"[yellow]warning[/yellow] {w}")
     if scale != 1.0:
         console.print(f"times: run and start on the market clock (x{scale:g} the wall); "
                       "events on the wall clock", style="dim", soft_wrap=True)

@@ -10,6 +10,7 @@ from sqlmodel import select
 from spotrun import layout
 from spotrun.daemon.context import DaemonContext
 from spotrun.daemon.reconcile import terminate_attempt
+from spotrun.daemon.savefail import record_save_failures
 from spotrun.db import Attempt, Job, add_event, session
 from spotrun.errors import ObjectNotFound, StoreError
 from spotrun.states import AttemptState, EndReason
@@ -67,6 +68,9 @@ class HeartbeatLoop:
                         # Boot, setup and restore are over once the job makes progress.
                         a.running_at = self.ctx.provider.now()
                     s.add(j)
+                    if record_save_failures(s, a, beat):
+                        self.ctx.log.warning("checkpoint_save_failed", job=job.id,
+                                             attempt=a.number, error=a.checkpoint_error)
                 if notice is not None:
                     a.notice_at = self.ctx.provider.now()
                     add_event(s, a.job_id, "notice",

@@ -1,7 +1,11 @@
 """Reconcile loop: make the database agree with the provider and the agents' reports.
 
-An attempt ends when its instance is gone; why it ended comes from the agent's
-exit report if there is one, else from the provider's termination cause.
+An attempt ends when its instance is gone. Why it ended comes from the evidence in
+a fixed order (`end_reason_of`): the agent's own exit report of an outcome it decided
+(completed, cancelled, budget) first, then the provider's reclaim, then any other
+exit report, then what spotrun itself asked for, else `lost`. So a job that wrote
+`completed` is never re-run, whatever the cloud says next; the cloud's cause is kept
+on the attempt (`instance_cause`) for the ledger, whose billing rules follow it.
 """
 
 from __future__ import annotations
@@ -12,7 +16,9 @@ from datetime import datetime
 from sqlmodel import select
 
 from spotrun import layout
+from spotrun.agent.fence import fenced_key
 from spotrun.daemon.context import DaemonContext
+from spotrun.daemon.savefail import record_save_failures
 from spotrun.db import Attempt, Job, add_event, attempts_of, session
 from spotrun.errors import ObjectNotFound, StoreError
 from spotrun.providers.base import InstanceInfo
@@ -21,6 +27,8 @@ from spotrun.states import AttemptState, EndReason, InstanceState, JobState, Ter
 
 STOP_GRACE_S = 10.0
 LIVE = (AttemptState.LAUNCHING, AttemptState.RUNNING, AttemptState.TERMINATING)
+# Outcomes the job reached before anything the cloud did: they outrank a reclaim.
+_DECIDED = ("completed", "cancelled", "budget")
 _EXIT_REASONS = {"completed": EndReason.COMPLETED, "error": EndReason.ERROR,
                  "cancelled": EndReason.CANCELLED, "deadman": EndReason.DEADMAN,
                  "signal": EndReason.LOST, "budget": EndReason.BUDGET}
@@ -70,31 +78,50 @@ class ReconcileLoop:
             s.commit()
 
     def _exit_report(self, job: Job, att: Attempt) -> dict | None:
+        """The agent's exit.json; None if there is none; StoreError if it cannot be read."""
         try:
             raw = self.ctx.store_for(job.store_uri).get_bytes(
                 layout.exit_key(job.id, att.number))
-            return json.loads(raw)
+        except ObjectNotFound:
+            return None
+        try:
+            report = json.loads(raw)
+        except ValueError:
+            return None
+        return report if isinstance(report, dict) else None
+
+    def _fenced_note(self, job: Job, att: Attempt) -> dict | None:
+        """The note an agent leaves when another instance holds its attempt (agent/fence.py)."""
+        try:
+            note = json.loads(self.ctx.store_for(job.store_uri).get_bytes(
+                fenced_key(job.id, att.number, att.instance_id or "")))
         except (ObjectNotFound, StoreError, ValueError):
             return None
+        return note if isinstance(note, dict) else None
+
+    def _final_heartbeat(self, job: Job, att: Attempt) -> dict | None:
+        try:
+            beat = json.loads(self.ctx.store_for(job.store_uri).get_bytes(
+                layout.heartbeat_key(job.id, att.number)))
+        except (ObjectNotFound, StoreError, ValueError):
+            return None
+        return beat if isinstance(beat, dict) else None
 
     def _ended(self, att: Attempt, info: InstanceInfo, now: datetime) -> None:
         with session(self.ctx.engine) as s:
             job = s.get(Job, att.job_id)
-        report = self._exit_report(job, att)
-        if info.cause is TerminationCause.SPOT_RECLAIM:
-            reason, detail = EndReason.RECLAIMED, "spot instance reclaimed by the provider"
-        elif report is not None:
-            reason = _EXIT_REASONS.get(report.get("reason", ""), EndReason.ERROR)
-            detail = f"exit code {report.get('exit_code')}"
-            if report.get("message"):
-                detail += f": {report['message']}"
-        elif att.state is AttemptState.TERMINATING:
-            reason = EndReason.CANCELLED if job.cancel_requested else (att.end_reason or
-                                                                       EndReason.LOST)
-            detail = att.detail or "terminated by spotrun"
-        else:
-            cause = info.cause.value if info.cause else "unknown"
-            reason, detail = EndReason.LOST, f"instance ended ({cause}) without a report"
+        try:
+            report = self._exit_report(job, att)
+        except StoreError as exc:
+            # Unknown is not "no report": deciding now could re-run a finished job.
+            self.ctx.log.warning("exit_report_unreadable", job=job.id, attempt=att.number,
+                                 error=str(exc)[:200])
+            return
+        reason, detail = end_reason_of(report, info, att, job.cancel_requested)
+        fenced = self._fenced_note(job, att) if report is None else None
+        if fenced is not None:
+            detail = (f"fenced out: attempt {att.number} already runs on "
+                      f"{fenced.get('holder') or 'another instance'}")
         # Verifying reads the newest checkpoint's data: do it before the write transaction.
         saved = self.ctx.checkpointed_step(job.id, job.checkpoint_uri, job.last_step)
         with session(self.ctx.engine) as s:
@@ -106,6 +133,9 @@ class ReconcileLoop:
             a.end_reason = reason
             a.ended_at = info.ended_at or self.ctx.provider.now()
             a.detail = detail
+            a.instance_cause = info.cause.value if info.cause else None
+            # The final heartbeat may tell of save failures no heartbeat pass saw.
+            record_save_failures(s, a, self._final_heartbeat(job, att))
             if report and isinstance(report.get("step"), int):
                 a.last_step = max(a.last_step, report["step"])
             s.add(a)
@@ -203,8 +233,7 @@ class ReconcileLoop:
                     continue
             try:
                 self.ctx.store_for(job.store_uri).put_bytes(
-                    layout.control_key(job.id),
-                    b'{"checkpoint_and_stop": true, "reason": "budget"}')
+                    layout.control_key(job.id), budget_stop_request([a.number for a in live]))
             except StoreError as exc:
                 self.ctx.log.warning("budget_control_write_failed", job=job.id, error=str(exc))
             # The agent saves, then stops the job within its grace; after that we terminate.
@@ -234,6 +263,42 @@ class ReconcileLoop:
                     s.add(job)
                     add_event(s, job.id, "cancelled")
             s.commit()
+
+
+def budget_stop_request(attempts: list[int]) -> bytes:
+    """control.json asking these attempts to checkpoint and stop.
+
+    It names the attempts: the file outlives the stop, and an attempt launched after
+    `spotrun resume` must not obey a request meant for the one before it.
+    """
+    return json.dumps({"checkpoint_and_stop": True, "reason": "budget",
+                       "attempts": sorted(attempts)}).encode()
+
+
+def end_reason_of(report: dict | None, info: InstanceInfo, att: Attempt,
+                  cancel_requested: bool) -> tuple[EndReason, str]:
+    """Why an attempt ended, from the evidence in order (see the module docstring)."""
+    reclaimed = info.cause is TerminationCause.SPOT_RECLAIM
+    if report is not None:
+        name = str(report.get("reason", ""))
+        detail = f"exit code {report.get('exit_code')}"
+        if report.get("message"):
+            detail += f": {report['message']}"
+        if name == "completed" and report.get("exit_code") not in (0, None):
+            name = "error"
+        if name in _DECIDED:
+            if reclaimed:
+                detail += "; the instance was then reclaimed by the provider"
+            return _EXIT_REASONS[name], detail
+        if not reclaimed:
+            return _EXIT_REASONS.get(name, EndReason.ERROR), detail
+    if reclaimed:
+        return EndReason.RECLAIMED, "spot instance reclaimed by the provider"
+    if att.state is AttemptState.TERMINATING:
+        reason = EndReason.CANCELLED if cancel_requested else (att.end_reason or EndReason.LOST)
+        return reason, att.detail or "terminated by spotrun"
+    cause = info.cause.value if info.cause else "unknown"
+    return EndReason.LOST, f"instance ended ({cause}) without a report"
 
 
 def terminate_attempt(ctx: DaemonContext, att: Attempt, reason: EndReason, detail: str) -> None:

@@ -98,6 +98,10 @@ class SpendLoop:
     def _book_attempts(self, pnow: datetime, wall: datetime, out: SpendTick) -> None:
         attempts = self._open_attempts()
         infos = self._describe(attempts)
+        if infos:
+            # Read the clock again: an instance may have ended while describe ran, and an
+            # end the provider reports must never lie past the time we book up to.
+            pnow = max(pnow, self.provider.now())
         for att in attempts:
             with session(self.engine) as s:
                 a = s.get(Attempt, att.id)

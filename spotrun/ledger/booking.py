@@ -70,9 +70,16 @@ def instance_times(att: Attempt, info: InstanceInfo | None) -> InstanceTimes:
         if info.cause is not None and info.cause is not TerminationCause.UNKNOWN:
             reclaimed = info.cause is TerminationCause.SPOT_RECLAIM
         else:
-            reclaimed = att.end_reason is EndReason.RECLAIMED
+            reclaimed = _reclaimed(att)
         return InstanceTimes(start, end, reclaimed)
-    return InstanceTimes(att.started_at, att.ended_at, att.end_reason is EndReason.RECLAIMED)
+    return InstanceTimes(att.started_at, att.ended_at, _reclaimed(att))
+
+
+def _reclaimed(att: Attempt) -> bool:
+    # The cause reconcile saw wins: a job may complete and then be reclaimed.
+    if att.instance_cause:
+        return att.instance_cause == TerminationCause.SPOT_RECLAIM.value
+    return att.end_reason is EndReason.RECLAIMED
 
 
 def price_spans(feed: PriceFeed, att: Attempt, start: datetime, end: datetime

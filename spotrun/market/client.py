@@ -104,7 +104,15 @@ class MarketClient:
         return self.request("GET", "/instances", query=query)["instances"]
 
     def launch(self, body: dict[str, Any]) -> dict[str, Any]:
-        """POST /instances; raises MarketRefused when no candidate has capacity."""
+        """POST /instances; raises MarketRefused when no candidate has capacity.
+
+        Local instances run on the caller's machine, so their environment is the
+        caller's: the `env:` secrets their agent config names travel with the launch
+        (`instance_env`), only in memory; the market never stores them and never
+        holds them in its own environment (see market_environment).
+        """
+        if "instance_env" not in body:
+            body = dict(body, instance_env=instance_env_for(str(body.get("user_data") or "")))
         return self.request("POST", "/instances", body)["instance"]
 
     def terminate(self, instance_id: str) -> dict[str, Any] | None:
@@ -136,6 +144,40 @@ class MarketClient:
     def stop(self) -> None:
         """Ask the market to terminate its instances and exit."""
         self.request("POST", "/admin/stop", {})
+
+
+# What the market process keeps of its starter's environment: what a host needs to run
+# Python, GPUs and an s3:// store. Anything else (a job's `env:` secret above all) stays
+# out of the market; a launch brings the variables its job refers to (instance_env_for).
+KEEP_ENV = {"PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LANGUAGE", "TZ", "TMPDIR",
+            "TERM", "VIRTUAL_ENV", "PYTHONPATH", "PYTHONHASHSEED", "PYTHONUNBUFFERED",
+            "PYTHONDONTWRITEBYTECODE", "LD_LIBRARY_PATH", "SPOTRUN_HOME", "SSL_CERT_FILE",
+            "REQUESTS_CA_BUNDLE", "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "http_proxy",
+            "https_proxy", "no_proxy"}
+KEEP_ENV_PREFIXES = ("LC_", "XDG_", "CUDA_", "NVIDIA_", "NCCL_", "OMP_", "MKL_", "TORCH_", "HF_",
+                     "AWS_", "COV_CORE_", "COVERAGE_")
+
+
+def market_environment(environ: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment to start a market with: the host basics of KEEP_ENV, nothing else."""
+    env = dict(os.environ if environ is None else environ)
+    return {k: v for k, v in env.items()
+            if k in KEEP_ENV or k.startswith(KEEP_ENV_PREFIXES)}
+
+
+def instance_env_for(user_data: str, environ: dict[str, str] | None = None) -> dict[str, str]:
+    """The caller's values of the variables an agent config's `env:` secrets refer to."""
+    env = os.environ if environ is None else environ
+    try:
+        refs = json.loads(user_data).get("secrets") or {}
+    except (ValueError, AttributeError):
+        return {}
+    out = {}
+    for ref in refs.values() if isinstance(refs, dict) else []:
+        kind, _, var = str(ref).partition(":")
+        if kind == "env" and var in env:
+            out[var] = env[var]
+    return out
 
 
 def _json_or_empty(raw: bytes) -> dict[str, Any]:
@@ -179,7 +221,8 @@ def start_detached(state_dir: Path, options: MarketOptions,
     log_path = state_dir / LOG_FILE
     with open(log_path, "ab") as log:
         proc = subprocess.Popen(argv, cwd=state_dir, stdin=subprocess.DEVNULL, stdout=log,
-                                stderr=subprocess.STDOUT, start_new_session=True)
+                                stderr=subprocess.STDOUT, start_new_session=True,
+                                env=market_environment())
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         info = read_live_info(state_dir)

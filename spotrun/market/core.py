@@ -28,7 +28,12 @@ from spotrun.providers.base import TAG_JOB
 from spotrun.states import InstanceState, Market as MarketKind, TerminationCause
 
 IMDS_ENV = "SPOTRUN_IMDS_ENDPOINT"
+IMDS_DISCOVERY_ENV = "SPOTRUN_IMDS_DISCOVERY"   # market.json: where IMDS is after a restart
 POLL_S = 0.1           # longest wall wait between watcher passes
+# A reclaim carried out more than this many wall seconds after its time (the market was
+# down, so nothing killed the instance) is reported when it really happened: the instance
+# ran, and is billed, until then. Within it, the reclaim time itself (watcher latency).
+LATE_RECLAIM_WALL_S = 1.0
 _DEFINING = ("trace", "prices", "pools", "instance_type", "time_scale", "start_tick", "notice_s",
              "spot_price_usd_per_hour", "region")
 
@@ -109,8 +114,8 @@ class Market:
 
     # ---- launch -----------------------------------------------------------------------
     def launch(self, *, client_token: str | None, candidates: list[Candidate], user_data: str,
-               tags: dict[str, str], max_price_usd_per_hour: float | None = None
-               ) -> InstanceRecord:
+               tags: dict[str, str], max_price_usd_per_hour: float | None = None,
+               instance_env: dict[str, str] | None = None) -> InstanceRecord:
         """Start one instance in the first candidate pool with capacity (idempotent by token)."""
         if not candidates:
             raise BadInputError("at least one candidate is needed", field="candidates")
@@ -127,7 +132,8 @@ class Market:
                 if refusal:
                     reasons[cand.key()] = refusal
                     continue
-                return self._start(cand, client_token, user_data, tags, price, now, pos)
+                return self._start(cand, client_token, user_data, tags, price, now, pos,
+                                   instance_env or {})
             raise LaunchRefused(reasons)
 
     def _refusal(self, cand: Candidate, pos: float,
@@ -149,7 +155,8 @@ class Market:
         return None, price
 
     def _start(self, cand: Candidate, token: str | None, user_data: str, tags: dict[str, str],
-               price: float | None, now: float, pos: float) -> InstanceRecord:
+               price: float | None, now: float, pos: float,
+               instance_env: dict[str, str]) -> InstanceRecord:
         iid = "i-" + secrets.token_hex(9)[:17]
         disk = self.dir / "instances" / iid
         disk.mkdir(parents=True)
@@ -166,10 +173,13 @@ class Market:
                              launched_at=now, tags=dict(tags), price_usd_per_hour=price,
                              notice_at=notice_at, reclaim_at=reclaim_at)
         self.state.insert(rec)   # recorded before the process exists: a crash leaves a trace
-        env = dict(os.environ)
+        # The launch's own variables (its job's env: secrets) only reach the instance's
+        # process; they are never written to the state dir.
+        env = {**os.environ, **instance_env}
         env[procs.INSTANCE_ENV] = iid
         if self.imds_base:
             env[IMDS_ENV] = f"{self.imds_base}/{iid}"
+            env[IMDS_DISCOVERY_ENV] = str((self.dir / "market.json").resolve())
         popen = procs.spawn(self._argv(ud_path), cwd=disk, env=env, log_path=disk / "console.log")
         self._children[iid] = popen
         threading.Thread(target=self._wait_child, args=(iid, popen), daemon=True).start()
@@ -264,8 +274,14 @@ class Market:
     def _step_one(self, rec: InstanceRecord, now: float, now_wall: float) -> float:
         if rec.reclaim_at is not None and now >= rec.reclaim_at \
                 and rec.state is InstanceState.RUNNING:
-            self._end(rec, TerminationCause.SPOT_RECLAIM, rec.reclaim_at, kill=True)
-            return 0.0
+            late = now_wall - self.clock.wall_s(rec.reclaim_at) > LATE_RECLAIM_WALL_S
+            if not late:
+                self._end(rec, TerminationCause.SPOT_RECLAIM, rec.reclaim_at, kill=True)
+                return 0.0
+            if self._alive(rec):   # it ran on unwatched: reclaimed now, billed until now
+                self._end(rec, TerminationCause.SPOT_RECLAIM, now, kill=True)
+                return 0.0
+            # Late and already gone: it ended on its own, unwatched (the exit branch below).
         if rec.pid is None:
             # Recorded but never started (the market died mid-launch).
             self._end(rec, TerminationCause.UNKNOWN, now, kill=False)

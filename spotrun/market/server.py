@@ -165,7 +165,7 @@ class _Handler(BaseHTTPRequestHandler):
         rec = m.state.get(instance_id)
         user_data = m.user_data(instance_id) if rest == "latest/user-data" else None
         headers = {k.lower(): v for k, v in self.headers.items()}   # names are case-insensitive
-        reply = imds.handle(method, rest, headers, rec, user_data, m.now_s(),
+        reply = imds.handle(method, rest, headers, imds.metadata_of(rec, user_data, m.now_s()),
                             m.minter)
         self._send(reply.status, reply.body, reply.content_type)
 
@@ -237,7 +237,12 @@ def _launch(m: Market, body: dict[str, Any]) -> InstanceRecord:
     if not isinstance(tags, dict):
         raise BadInputError("must be an object", field="tags")
     max_price = body.get("max_price_usd_per_hour")
+    instance_env = body.get("instance_env") or {}
+    if not isinstance(instance_env, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in instance_env.items()):
+        raise BadInputError("must be an object of strings", field="instance_env")
     return m.launch(client_token=body.get("client_token") or None, candidates=cands,
+                    instance_env=instance_env,
                     user_data=str(body.get("user_data") or ""),
                     tags={str(k): str(v) for k, v in tags.items()},
                     max_price_usd_per_hour=None if max_price is None
@@ -304,7 +309,10 @@ def serve(state_dir: Path, options: MarketOptions, port: int = 0) -> int:
     thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.2},
                               daemon=True)
     thread.start()
-    info = {"url": f"http://127.0.0.1:{server.port}", "port": server.port, "pid": os.getpid(),
+    # market.json is also how instances find their metadata service again after a restart
+    # on a new port (SPOTRUN_IMDS_DISCOVERY, see spotrun/agent/imds.py): "imds_url".
+    info = {"url": f"http://127.0.0.1:{server.port}", "port": server.port,
+            "imds_url": market.imds_base, "pid": os.getpid(),
             "pid_start_ticks": procs.start_ticks(os.getpid()), "state_dir": str(state_dir),
             "ignored_options": market.ignored}
     write_json_atomic(state_dir / MARKET_JSON, info)

@@ -122,6 +122,7 @@ class Checkpointer(StateMixin):
         self.shard_bytes = shard_bytes
         self.persister = Persister(self.store, keep=self.keep, retries=retries,
                                    backoff_s=retry_backoff_s, shard_bytes=shard_bytes, clock=clock)
+        self.persister.on_failure = lambda _out: self.write_progress()   # failed saves show now
         # Reported through the progress file (the agent's heartbeat).
         self.current_step = 0
         self.last_checkpoint_step: int | None = None

@@ -3,6 +3,10 @@
 A failed write is retried with back-off; if every try fails the error is kept
 and raised to the training loop on its next call (never dropped). An in-flight
 persist can be waited for or abandoned between shards.
+
+Every save whose tries all failed is also counted and reported (`failure_fields`,
+in the progress file the agent copies into its heartbeat, and `on_failure` at
+once), so the daemon can record it even when the job does not survive the error.
 """
 
 from __future__ import annotations
@@ -52,6 +56,9 @@ class Persister:
         self._done: list[Outcome] = []
         self._bytes_total = 0
         self._bytes_done = 0
+        self.failed_saves = 0
+        self.last_failure: dict[str, Any] | None = None
+        self.on_failure: Callable[[Outcome], None] | None = None   # e.g. rewrite progress
 
     @property
     def busy(self) -> bool:
@@ -136,6 +143,8 @@ class Persister:
                 if self._cancel.wait(self.backoff_s * 2 ** attempt):
                     out.abandoned = True
                     break
+        if out.error is not None and not out.abandoned:
+            self._failed(out)
         if out.manifest is not None:
             try:
                 apply_retention(self.store, self.keep)
@@ -143,6 +152,26 @@ class Persister:
                 log.warning("checkpoint retention failed: %s", exc)
         out.persist_s = self.clock() - t0
         return out
+
+
+    def _failed(self, out: Outcome) -> None:
+        with self._lock:
+            self.failed_saves += 1
+            self.last_failure = {"step": out.step, "tries": out.tries,
+                                 "error": f"{type(out.error).__name__}: {out.error}"[:300]}
+        if self.on_failure is not None:
+            try:
+                self.on_failure(out)
+            except Exception as exc:   # reporting must not turn one failure into two
+                log.warning("checkpoint failure report failed: %s", exc)
+
+    def failure_fields(self) -> dict[str, Any]:
+        """Progress-file fields: saves failed so far, and the last one's step and error."""
+        with self._lock:
+            last = self.last_failure or {}
+            return {"checkpoint_failures": self.failed_saves,
+                    "checkpoint_error_step": last.get("step"),
+                    "checkpoint_error": last.get("error")}
 
 
 def failure(out: Outcome) -> CheckpointError:

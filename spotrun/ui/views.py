@@ -18,6 +18,7 @@ from sqlmodel import Session, select
 from spotrun import layout
 from spotrun.db import Attempt, Event, Job, SpendEntry, attempts_of, find_job, iter_jobs, \
     open_settings_db, session
+from spotrun.daemon.savefail import save_warnings
 from spotrun.errors import NotFoundError
 from spotrun.ui.clock import clock_info, provider_now, time_scale
 
@@ -107,6 +108,8 @@ def job_dict(job: Job, attempts: list[Attempt], *, reports: Reports | None = Non
             "ran_to": ran_to if a.started_at is not None and ran_to >= a.start_step else None,
             "start_step": a.start_step, "last_step": a.last_step,
             "detail": a.detail if a.state.is_terminal() else None,
+            "checkpoint_failures": a.checkpoint_failures,
+            "checkpoint_error": a.checkpoint_error,
         })
     budget = job.budget_usd
     return {
@@ -124,6 +127,7 @@ def job_dict(job: Job, attempts: list[Attempt], *, reports: Reports | None = Non
         "checkpoint_uri": job.checkpoint_uri,
         "clock": clock or {},
         "attempts": atts,
+        "warnings": save_warnings(attempts),   # failed checkpoint saves, one line per attempt
     }
 
 

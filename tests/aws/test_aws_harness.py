@@ -5,7 +5,7 @@ from __future__ import annotations
 from spotrun.agent.imds import ImdsClient
 from spotrun.agent.userdata import config_from_user_data
 
-from .harness import ImdsServer, ImdsState, user_data_of
+from .harness import ImdsServer, user_data_of
 from .test_aws_provider import request
 
 
@@ -18,13 +18,13 @@ def test_user_data_carries_the_agent_config_both_ways(provider, ec2):
 
 
 def test_imds_server_speaks_imdsv2():
-    srv = ImdsServer(ImdsState(instance_id="i-0abc", user_data="{}"))
+    srv = ImdsServer("i-0abc", user_data="{}")
     try:
         client = ImdsClient(srv.url)
         assert client.get("meta-data/instance-id") == "i-0abc"
         assert client.get("meta-data/spot/instance-action") is None
         srv.notice("terminate", "2026-01-01T00:02:00Z")
         assert '"terminate"' in client.get("meta-data/spot/instance-action")
-        assert srv.state.requests[0] == "PUT /latest/api/token"
+        assert srv.requests[0] == "PUT /latest/api/token"
     finally:
         srv.stop()
