@@ -297,7 +297,7 @@ def test_failed_checkpoint_saves_are_an_event_a_status_warning_and_an_audit_note
     assert att.checkpoint_failures == len(events) and "step" in att.checkpoint_error
     status = _spotrun(home, "status", job_id, "--json")
     assert status.returncode == 0, status.stderr
-    warnings = json.loads(status.stdout)[0]["warnings"]
+    warnings = json.loads(status.stdout)["warnings"]
     assert warnings and "checkpoint save(s) failed" in warnings[0]
     text = _spotrun(home, "status")
     assert "warning" in text.stdout and "checkpoint save" in text.stdout, text.stdout
