@@ -260,6 +260,11 @@ def apply_retention(store: ObjectStore, keep: int) -> list[str]:
     return deleted
 
 
+def checkpoint_step(name: str | None) -> int:
+    """The step a checkpoint folder name holds (0 for none: a fresh start)."""
+    return _step(name) if name and _NAME_RE.match(name) else 0
+
+
 def _step(name: str) -> int:
     m = _NAME_RE.match(name)
     return int(m.group(1)) if m else -1

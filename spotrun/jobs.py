@@ -18,7 +18,7 @@ from spotrun.config import Settings
 from spotrun.db import Job, add_event, find_job, new_job_id, session, utcnow
 from spotrun.errors import BadInputError, NotFoundError, SpotrunError
 from spotrun.spec import JobSpec, load_spec_file
-from spotrun.states import JobState
+from spotrun.states import JobState, move_job
 from spotrun.store import ProgressFn, open_store
 from spotrun.zones import known_zones
 
@@ -141,7 +141,7 @@ def resume_job(engine: Engine, ref: str, budget_usd: float | None = None) -> Job
         if budget_usd is not None:
             from spotrun.ledger.budget import raise_budget
             raise_budget(s, job, budget_usd)
-        job.state = JobState.RECOVERING
+        move_job(job, JobState.RECOVERING)
         job.error_restarts = 0
         job.reason = None
         job.updated_at = utcnow()

@@ -19,6 +19,7 @@ import structlog
 from spotrun import layout
 from spotrun.agent.child import (child_env, exit_code_of, notice_path, record_notice,
                                  signal_group, spawn)
+from spotrun.checkpoints import checkpoint_step
 from spotrun.agent.clock import Clock, SystemClock, iso
 from spotrun.agent.config import AgentConfig
 from spotrun.agent.deadman import DeadmanSwitch
@@ -74,6 +75,7 @@ class Agent:
         self._beat_now = False
         self.outputs: OutputUploader | None = None
         self._tee: OutputTee | None = None
+        self.resumed_from: int | None = None   # the step of the checkpoint handed to the job
 
     # ------------------------------------------------------------ reports
 
@@ -95,6 +97,8 @@ class Agent:
             "checkpoint_error_step": p.get("checkpoint_error_step"),
             "checkpoint_error": p.get("checkpoint_error"),
             "notice": self._notice is not None, "rebalance": self._rebalance,
+            # The checkpoint this attempt really restored (the daemon's plan may differ).
+            "resumed_from": self.resumed_from,
         })
 
     def _write_exit(self, reason: str, exit_code: int | None, message: str | None = None) -> None:
@@ -241,6 +245,7 @@ class Agent:
             self._write_exit("signal", None, "agent signalled during setup")
             self._shutdown()
             return 128 + signal.SIGTERM
+        self.resumed_from = checkpoint_step(prepared.resume_checkpoint)
         env = child_env(self.config, base=self.environ, secrets=prepared.secrets,
                         resume_checkpoint=prepared.resume_checkpoint,
                         progress_file=self.paths.progress_path)

@@ -11,6 +11,7 @@ from spotrun import layout
 from spotrun.daemon.context import DaemonContext
 from spotrun.daemon.reconcile import terminate_attempt
 from spotrun.daemon.savefail import record_save_failures
+from spotrun.progress import attempt_reported, attempt_resumed_from, job_reached
 from spotrun.db import Attempt, Job, add_event, session
 from spotrun.errors import ObjectNotFound, StoreError
 from spotrun.states import AttemptState, EndReason
@@ -45,8 +46,8 @@ class HeartbeatLoop:
                 if fresh:
                     a.last_heartbeat_at = now
                     step = beat.get("step")
-                    if isinstance(step, int) and step > a.last_step:
-                        a.last_step = step
+                    attempt_resumed_from(a, beat.get("resumed_from"))
+                    attempt_reported(a, step)
                     saved = beat.get("last_checkpoint_step")
                     if isinstance(saved, int) and saved > self._saved.get(att.id, att.start_step):
                         self._saved[att.id] = saved
@@ -54,8 +55,7 @@ class HeartbeatLoop:
                         if isinstance(cost, (int, float)):
                             # Each new checkpoint paused training for its blocking save.
                             a.checkpoint_stall_s = (a.checkpoint_stall_s or 0.0) + float(cost)
-                    if isinstance(saved, int) and saved > j.last_step:
-                        j.last_step = saved  # only checkpointed progress survives a loss
+                    job_reached(j, saved)   # only checkpointed progress survives a loss
                     total = beat.get("total_steps")
                     if isinstance(total, int) and total > 0:
                         j.total_steps = total

@@ -19,11 +19,13 @@ from spotrun import layout
 from spotrun.agent.fence import fenced_key
 from spotrun.daemon.context import DaemonContext
 from spotrun.daemon.savefail import record_save_failures
+from spotrun.progress import attempt_reported, job_reached
 from spotrun.db import Attempt, Job, add_event, attempts_of, session
 from spotrun.errors import ObjectNotFound, StoreError
 from spotrun.providers.base import InstanceInfo
 from spotrun.spec import spec_from_dict
-from spotrun.states import AttemptState, EndReason, InstanceState, JobState, TerminationCause
+from spotrun.states import (AttemptState, EndReason, InstanceState, JobState, TerminationCause,
+                            move_attempt, move_job)
 
 STOP_GRACE_S = 10.0
 LIVE = (AttemptState.LAUNCHING, AttemptState.RUNNING, AttemptState.TERMINATING)
@@ -66,11 +68,11 @@ class ReconcileLoop:
     def _running(self, att: Attempt, info: InstanceInfo, now: datetime) -> None:
         with session(self.ctx.engine) as s:
             a = s.get(Attempt, att.id)
-            a.state = AttemptState.RUNNING
+            move_attempt(a, AttemptState.RUNNING)
             s.add(a)
             job = s.get(Job, a.job_id)
             if job.state in (JobState.STARTING, JobState.QUEUED, JobState.RECOVERING):
-                job.state = JobState.RUNNING
+                move_job(job, JobState.RUNNING)
                 job.updated_at = now
                 s.add(job)
             add_event(s, a.job_id, "running", f"attempt {a.number} on {info.instance_id}",
@@ -129,21 +131,21 @@ class ReconcileLoop:
             if a.state is AttemptState.TERMINATING and a.end_reason is not None \
                     and reason is EndReason.LOST:
                 reason = a.end_reason
-            a.state = AttemptState.ENDED
+            move_attempt(a, AttemptState.ENDED)
             a.end_reason = reason
             a.ended_at = info.ended_at or self.ctx.provider.now()
             a.detail = detail
             a.instance_cause = info.cause.value if info.cause else None
             # The final heartbeat may tell of save failures no heartbeat pass saw.
             record_save_failures(s, a, self._final_heartbeat(job, att))
-            if report and isinstance(report.get("step"), int):
-                a.last_step = max(a.last_step, report["step"])
+            if report:
+                attempt_reported(a, report.get("step"))
             s.add(a)
             add_event(s, a.job_id, f"attempt_{reason.value}", f"attempt {a.number}: {detail}",
                       attempt_id=a.id)
             j = s.get(Job, a.job_id)
             # A save made after the last heartbeat (the notice's, a budget stop's) counts too.
-            j.last_step = max(j.last_step, saved)
+            job_reached(j, saved)
             self._advance_job(s, j, a, reason, now)
             s.commit()
 
@@ -157,26 +159,26 @@ class ReconcileLoop:
                 not a.state.is_terminal() for a in attempts_of(s, job.id) if a.id != att.id):
             return  # a policy move: the job lives on in the attempt it moved to
         if reason is EndReason.COMPLETED:
-            job.last_step = max(job.last_step, att.last_step)
-            job.state = JobState.SUCCEEDED
+            job_reached(job, att.last_step)   # a completed run holds its last step
+            move_job(job, JobState.SUCCEEDED)
             add_event(s, job.id, "succeeded", f"after {att.number} attempt(s)")
         elif reason is EndReason.BUDGET:
-            job.state = JobState.BUDGET_EXHAUSTED
+            move_job(job, JobState.BUDGET_EXHAUSTED)
             job.reason = "budget reached"
             add_event(s, job.id, "budget_exhausted", job.reason)
         elif reason is EndReason.ERROR:
             job.error_restarts += 1
             limit = spec_from_dict(job.spec).policy.max_restarts_on_error
             if job.error_restarts > limit:
-                job.state = JobState.FAILED
+                move_job(job, JobState.FAILED)
                 job.reason = f"command failed {job.error_restarts} time(s): {att.detail}"
                 add_event(s, job.id, "failed", job.reason)
             else:
-                job.state = JobState.RECOVERING
+                move_job(job, JobState.RECOVERING)
                 add_event(s, job.id, "recovering",
                           f"error restart {job.error_restarts}/{limit}")
         else:
-            job.state = JobState.RECOVERING
+            move_job(job, JobState.RECOVERING)
             add_event(s, job.id, "recovering", f"after {reason.value}")
         s.add(job)
 
@@ -198,7 +200,7 @@ class ReconcileLoop:
                     if a.instance_id:
                         self.ctx.provider.terminate(a.instance_id)
                         if a.state is not AttemptState.TERMINATING:
-                            a.state = AttemptState.TERMINATING
+                            move_attempt(a, AttemptState.TERMINATING)
                             a.end_reason = EndReason.CANCELLED
                             a.detail = "cancelled by user"
                             s.add(a)
@@ -206,7 +208,7 @@ class ReconcileLoop:
                     # then terminated here on a later tick.
                 j = s.get(Job, job.id)
                 if j.state is not JobState.CANCELLING:
-                    j.state = JobState.CANCELLING
+                    move_job(j, JobState.CANCELLING)
                     j.updated_at = now
                     s.add(j)
                     add_event(s, j.id, "cancelling")
@@ -224,7 +226,7 @@ class ReconcileLoop:
                 live = [a for a in attempts_of(s, job.id) if not a.state.is_terminal()]
                 j = s.get(Job, job.id)
                 if not live:
-                    j.state = JobState.BUDGET_EXHAUSTED
+                    move_job(j, JobState.BUDGET_EXHAUSTED)
                     j.reason = "budget reached"
                     j.updated_at = now
                     s.add(j)
@@ -258,7 +260,7 @@ class ReconcileLoop:
             jobs = list(s.exec(select(Job).where(Job.state == JobState.CANCELLING)))
             for job in jobs:
                 if all(a.state.is_terminal() for a in attempts_of(s, job.id)):
-                    job.state = JobState.CANCELLED
+                    move_job(job, JobState.CANCELLED)
                     job.updated_at = now
                     s.add(job)
                     add_event(s, job.id, "cancelled")
@@ -309,7 +311,7 @@ def terminate_attempt(ctx: DaemonContext, att: Attempt, reason: EndReason, detai
         a = s.get(Attempt, att.id)
         if a.state.is_terminal():
             return
-        a.state = AttemptState.TERMINATING
+        move_attempt(a, AttemptState.TERMINATING)
         a.end_reason = reason
         a.detail = detail
         s.add(a)

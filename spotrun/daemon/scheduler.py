@@ -24,6 +24,7 @@ from spotrun.daemon.placement import PolicyPlacer, same_pool
 from spotrun.decide import MAX_CANDIDATES, Candidate
 from spotrun.decide.deadline import deadline_on_provider_clock
 from spotrun.daemon.reconcile import terminate_attempt
+from spotrun.progress import job_resumes_from
 from spotrun.db import Attempt, Job, add_event, attempts_of, session
 from spotrun.errors import CapacityError, ProviderError
 from spotrun.providers.base import (TAG_ATTEMPT, TAG_JOB, TAG_MANAGED, LaunchRequest, Pool,
@@ -140,7 +141,7 @@ class SchedulerLoop:
             j = s.get(Job, job.id)
             move_job(j, JobState.STARTING)
             j.reason = None
-            j.last_step = start_step
+            job_resumes_from(j, start_step)
             j.updated_at = now
             s.add(j)
             s.flush()

@@ -14,7 +14,6 @@ import signal
 import subprocess
 import sys
 import threading
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +23,7 @@ from spotrun.market.clock import MarketClock, SystemClock, WallClock
 from spotrun.market.imds import TokenMinter
 from spotrun.market.options import MarketOptions
 from spotrun.market.state import InstanceRecord, MarketState
+from spotrun.providers.base import Pool
 from spotrun.providers.base import TAG_JOB
 from spotrun.states import InstanceState, Market as MarketKind, TerminationCause
 
@@ -36,19 +36,6 @@ POLL_S = 0.1           # longest wall wait between watcher passes
 LATE_RECLAIM_WALL_S = 1.0
 _DEFINING = ("trace", "prices", "pools", "instance_type", "time_scale", "start_tick", "notice_s",
              "spot_price_usd_per_hour", "region")
-
-
-@dataclass(frozen=True)
-class Candidate:
-    """One pool a launch may use."""
-
-    instance_type: str
-    zone: str
-    market: MarketKind
-
-    def key(self) -> str:
-        """`type/zone/market`."""
-        return f"{self.instance_type}/{self.zone}/{self.market.value}"
 
 
 class LaunchRefused(Exception):
@@ -113,7 +100,7 @@ class Market:
         return out
 
     # ---- launch -----------------------------------------------------------------------
-    def launch(self, *, client_token: str | None, candidates: list[Candidate], user_data: str,
+    def launch(self, *, client_token: str | None, candidates: list[Pool], user_data: str,
                tags: dict[str, str], max_price_usd_per_hour: float | None = None,
                instance_env: dict[str, str] | None = None) -> InstanceRecord:
         """Start one instance in the first candidate pool with capacity (idempotent by token)."""
@@ -136,7 +123,7 @@ class Market:
                                    instance_env or {})
             raise LaunchRefused(reasons)
 
-    def _refusal(self, cand: Candidate, pos: float,
+    def _refusal(self, cand: Pool, pos: float,
                  max_price: float | None) -> tuple[str | None, float | None]:
         od = self.book.on_demand_price(cand.instance_type)
         if od is None:
@@ -154,7 +141,7 @@ class Market:
             return f"spot price {price:.4f} above max {max_price:.4f}", None
         return None, price
 
-    def _start(self, cand: Candidate, token: str | None, user_data: str, tags: dict[str, str],
+    def _start(self, cand: Pool, token: str | None, user_data: str, tags: dict[str, str],
                price: float | None, now: float, pos: float,
                instance_env: dict[str, str]) -> InstanceRecord:
         iid = "i-" + secrets.token_hex(9)[:17]

@@ -21,7 +21,8 @@ from urllib.parse import parse_qs, urlsplit
 from spotrun.errors import BadInputError, ProviderError, SpotrunError
 from spotrun.market import imds, procs
 from spotrun.market.clock import to_iso
-from spotrun.market.core import Candidate, LaunchRefused, Market
+from spotrun.market.core import LaunchRefused, Market
+from spotrun.providers.base import Pool
 from spotrun.market.options import MarketOptions
 from spotrun.market.state import InstanceRecord
 from spotrun.states import Market as MarketKind
@@ -228,7 +229,7 @@ def _launch(m: Market, body: dict[str, Any]) -> InstanceRecord:
     if not isinstance(raw, list):
         raise BadInputError("must be a list", field="candidates")
     try:
-        cands = [Candidate(str(c["instance_type"]), str(c["zone"]), MarketKind(c["market"]))
+        cands = [Pool(str(c["instance_type"]), str(c["zone"]), MarketKind(c["market"]))
                  for c in raw]
     except (KeyError, TypeError, ValueError):
         raise BadInputError("each needs instance_type, zone, market (spot|on-demand)",
