@@ -9,11 +9,12 @@ the trace is left out. Single pool = every pool alone (ratios averaged over the 
 all pools = every pool allowed. The same seeded starts for every policy. The bench asserts
 that every run met its deadline and that no run cost less than `optimal`.
 
-    .venv/bin/python bench/policy.py --optimal-cache /tmp/opt.npz     # the recorded table
+    .venv/bin/python bench/policy.py --optimal-cache /tmp/opt.npz     # the recorded table (40 starts)
     .venv/bin/python bench/policy.py --starts 8                       # a quick look
+    .venv/bin/python bench/policy.py --traces demo synthetic          # some traces only
 
-Printed: per setting the mean cost / mean optimal of greedy, uniform-progress and spotrun,
-the winner, spotrun / the better rule, and the share of that rule's gap to optimal that
+Printed: per setting the mean cost / mean optimal of greedy, uniform-progress, reserve (the
+candidate of spotrun's own) and spotrun, the winner, spotrun / the better rule, and the share of that rule's gap to optimal that
 spotrun closes; then the acceptance figures.
 """
 
@@ -38,7 +39,7 @@ from spotrun.traces import load_prices, load_trace
 
 ROOT = Path(__file__).resolve().parents[1]
 RULES = ("greedy", "uniform-progress")
-ONLINE = (*RULES, "spotrun")
+ONLINE = (*RULES, "reserve", "spotrun")
 OD_PRICE_USD_PER_HOUR = 3.06     # p3.2xlarge on-demand, us-east-1 (BRIEF section 1)
 # What us-east-2 / us-west-2 charged most of the time in the 9-zone price file: the spot
 # price of the traces that come without a price file.

@@ -14,10 +14,12 @@ shadow runs cost least on average.
   the job scaled to it (work and deadline in the same ratio, the same changeover); with
   less than that, greedy (the default, and the first choice to beat).
 - Choice points: the job's start and every quarter deadline after it, so a market that
-  changes regime mid-job is followed. A switch (also away from the default at the start)
-  must save, on the windows' mean, more than one changeover at the on-demand price (the
-  move a switch may cost) plus the standard error of that saving over the windows (the
-  windows' own noise); on a tie the simpler rule stays.
+  changes regime mid-job is followed. At each, the better rule is the one with the lower
+  mean shadow cost; a switch between the rules must save more than one changeover at the
+  on-demand price (the move it may cost). `reserve` is followed only where it beats that
+  rule by more than the standard error of its saving over the windows (their own noise),
+  plus the changeover when it is not already followed: safe first, the rules' own cost
+  where the evidence is thin. Ties keep the simpler rule; with no window, greedy.
 - State: only a cache. The choice at every point is a function of the market rows up to it
   and the job's shape, so a restarted daemon with the same recorded market decides the same.
 - Deadlines: every decision passes the same safety net as the rules' (an on-demand finish
@@ -40,6 +42,7 @@ from spotrun.policy.spotrun import ReservePolicy
 CANDIDATES: dict[str, type] = {"greedy": GreedyPolicy, "uniform-progress": UniformProgressPolicy,
                                "reserve": ReservePolicy}
 DEFAULT = "greedy"
+RULES = ("greedy", "uniform-progress")
 WINDOWS = 16
 # Choice points and window grid per deadline.
 POINTS_PER_DEADLINE = 4
@@ -103,15 +106,24 @@ def choose_candidate(market: MarketView, shape: tuple[int, int, int],
     costs = {name: np.array([shadow_cost(h, s, w, d, changeover, name) for s, w, d in wins])
              for name in CANDIDATES}
     current = current or DEFAULT
-    best = min(CANDIDATES, key=lambda n: float(costs[n].mean()))   # ties: the simplest
-    if best == current:
-        return current
-    # switch only for a saving beyond one changeover at the on-demand price (the move a
-    # switch may cost) and beyond the windows' own noise (standard error of the saving)
-    saving = costs[current] - costs[best]
-    noise = float(saving.std(ddof=1) / np.sqrt(len(saving))) if len(saving) > 1 else 0.0
     margin = changeover * h.tick_s / 3600.0 * h.od_price_usd_per_hour
-    return best if float(saving.mean()) > margin + noise else current
+    mean = {n: float(c.mean()) for n, c in costs.items()}
+    # the better rule: the one with the lower mean (a switch between rules must still save
+    # more than one changeover at the on-demand price, the move it may cost)
+    rule = min(RULES, key=lambda n: mean[n])
+    if current in RULES and rule != current and mean[rule] >= mean[current] - margin:
+        rule = current
+    best = rule
+    # an own candidate only when it beats that rule beyond the windows' own noise
+    for name in CANDIDATES:
+        if name in RULES:
+            continue
+        saving = costs[rule] - costs[name]
+        noise = float(saving.std(ddof=1) / np.sqrt(len(saving))) if len(saving) > 1 else 0.0
+        keep = name == current      # staying on it needs no move
+        if float(saving.mean()) > (0.0 if keep else margin) + noise and mean[name] < mean[best]:
+            best = name
+    return best
 
 
 class SpotrunPolicy:
