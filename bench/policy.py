@@ -9,13 +9,14 @@ the trace is left out. Single pool = every pool alone (ratios averaged over the 
 all pools = every pool allowed. The same seeded starts for every policy. The bench asserts
 that every run met its deadline and that no run cost less than `optimal`.
 
-    .venv/bin/python bench/policy.py --optimal-cache /tmp/opt.npz     # the recorded table (40 starts)
+    .venv/bin/python bench/policy.py --optimal-cache /tmp/opt.npz     # the recorded table
     .venv/bin/python bench/policy.py --starts 8                       # a quick look
     .venv/bin/python bench/policy.py --traces demo synthetic          # some traces only
 
-Printed: per setting the mean cost / mean optimal of greedy, uniform-progress, reserve (the
-candidate of spotrun's own) and spotrun, the winner, spotrun / the better rule, and the share of that rule's gap to optimal that
-spotrun closes; then the acceptance figures.
+Printed: per setting the mean cost / mean optimal of greedy, uniform-progress, reserve
+(spotrun's own candidate) and spotrun, the winner, spotrun / the better rule, and the share
+of that rule's gap to optimal that spotrun closes; then the acceptance figures (40 starts
+by default: the whole table in about 8 minutes with optimal, 4.5 reusing its cache).
 """
 
 from __future__ import annotations

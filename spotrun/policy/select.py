@@ -133,18 +133,20 @@ class SpotrunPolicy:
 
     def __init__(self) -> None:
         self._followers: dict[str, Policy] = {n: cls() for n, cls in CANDIDATES.items()}
-        self._key: tuple | None = None
+        self._shape: tuple[int, int, int] | None = None
+        self._start = 0                          # market row of the job's first tick
         self._choices: list[str] = []            # the choice at each choice point so far
 
     def following(self, job: JobProgress, market: MarketView) -> str:
         """The candidate followed at this tick (choice points replayed as needed)."""
         shape = job_shape(job)
         tau = max(0, round(job.elapsed_s / job.tick_s))
-        start = market.now - tau
-        key = (shape, start)
-        if key != self._key:
-            self._choices = []
-        self._key = key
+        if shape != self._shape:
+            # a new job shape (the daemon's work estimate moved): every choice anew. The
+            # start stays as first seen, so a recorded market a row short of the elapsed
+            # ticks (a missed interval) does not recompute the choices each tick.
+            self._shape, self._start, self._choices = shape, market.now - tau, []
+        start = self._start
         grid = max(1, -(-shape[1] // POINTS_PER_DEADLINE))
         points = tau // grid + 1
         while len(self._choices) < points:
