@@ -162,7 +162,8 @@ def launches(rows: list[tuple[int, str, str]]) -> list[tuple[int, str, str]]:
 
 
 @pytest.mark.parametrize("policy,deadline_ticks,expect", [
-    ("spotrun", 36, "move"),              # spot reclaims, then a spot-to-spot move
+    ("reserve", 36, "move"),              # spot reclaims, then a spot-to-spot move
+    ("spotrun", 36, "reclaim"),           # shadow runs on the recorded market, then follows
     ("uniform-progress", 30, "on-demand"),  # the safety net takes it to on-demand
 ])
 def test_daemon_replay_gets_the_simulators_decisions(replay: Replay, policy: str,
@@ -197,7 +198,7 @@ def test_daemon_replay_gets_the_simulators_decisions(replay: Replay, policy: str
     assert attempts[-1].end_reason is None and job.state is JobState.RUNNING
     if expect == "move":
         assert EndReason.MOVED in ended
-    else:
+    elif expect == "on-demand":
         assert attempts[-1].market is MarketKind.ON_DEMAND
 
 

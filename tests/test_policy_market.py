@@ -49,15 +49,15 @@ def test_spotrun_prefers_the_pool_whose_stretches_last():
     flappy = "10" * 40 + "1"
     steady = ("1" * 30 + "0") * 2 + "1" * 19
     h = history([flappy, steady])
-    d = make_policy("spotrun").decide(job(time_left_s=900.0), h.view(80))   # no spare slack
+    d = make_policy("reserve").decide(job(time_left_s=900.0), h.view(80))   # no spare slack
     assert d.mode is Mode.SPOT and d.pool == "p1"
     # with spare slack it first waits out p0's reclaim a tick ago (as cheap: same wave)
-    assert make_policy("spotrun").decide(job(), h.view(80)).mode is Mode.IDLE
+    assert make_policy("reserve").decide(job(), h.view(80)).mode is Mode.IDLE
 
 
 def test_spotrun_stays_on_spot_and_waits_with_slack_but_not_without():
     h = history(["1" * 50 + "0" * 50])
-    p = make_policy("spotrun")
+    p = make_policy("reserve")
     on = job(mode=Mode.SPOT, pool="p0")
     assert p.decide(on, h.view(10)).pool == "p0"
     assert p.decide(job(), h.view(60)).mode is Mode.IDLE            # plenty of slack: wait

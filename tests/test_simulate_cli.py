@@ -56,7 +56,7 @@ def test_json_has_the_contract_keys(trace_files):
                  "--workers", "1")
     assert res.exit_code == 0, res.output
     out = json.loads(res.output)
-    assert set(out["policies"]) == {"on-demand", "greedy", "uniform-progress", "optimal",
+    assert set(out["policies"]) == {"on-demand", "greedy", "uniform-progress", "optimal", "reserve",
                                     "spotrun"}
     for name, s in out["policies"].items():
         assert set(s) >= {"runs", "mean_cost_usd", "mean_cost_vs_on_demand",
@@ -148,3 +148,35 @@ def test_bad_trace_and_missing_price(tmp_path, trace_files):
     res = invoke("--trace", str(trace), "--spot-price", "1.0", "--od-price", "3", "--work-hours",
                  "1", "--deadline-hours", "2", "--starts", "2", "--json")
     assert res.exit_code == 0
+
+
+def test_deadline_longer_than_the_trace_is_told_in_hours(trace_files):
+    # the trace: 300 rows of 10 minutes = 50 h; the user gave hours, the message says hours
+    trace, prices = trace_files
+    res = invoke("--trace", str(trace), "--prices", str(prices), "--od-price", "3",
+                 "--work-hours", "8", "--deadline-hours", "72")
+    assert res.exit_code == 2
+    lines = res.output.strip().splitlines()
+    assert len(lines) == 1 and "--deadline-hours" in lines[0]
+    assert "72 h" in lines[0] and "50 h" in lines[0] and "ticks" not in lines[0]
+
+
+def test_deadline_shorter_than_the_work_is_told_in_hours(trace_files):
+    trace, prices = trace_files
+    res = invoke("--trace", str(trace), "--prices", str(prices), "--od-price", "3",
+                 "--work-hours", "8", "--deadline-hours", "8.1")
+    assert res.exit_code == 2
+    lines = res.output.strip().splitlines()
+    assert len(lines) == 1 and "8 h of work" in lines[0] and "ticks" not in lines[0]
+
+
+def test_a_trace_glob_that_also_matches_the_price_file_names_it(trace_files):
+    # `--trace data/*.csv` expands in the shell to the trace and the price file
+    trace, prices = trace_files
+    res = invoke("--trace", str(trace), str(prices), "--od-price", "3",
+                 "--work-hours", "8", "--deadline-hours", "12", "--spot-price", "1")
+    assert res.exit_code == 2
+    lines = res.output.strip().splitlines()
+    assert len(lines) == 1 and "--trace" in lines[0] and str(prices) in lines[0]
+    assert "price file" in lines[0] and "--prices" in lines[0]
+    assert "extra argument" not in res.output

@@ -44,6 +44,26 @@ def _integer(flag: str, text: str | None) -> int | None:
         raise BadInputError("must be an integer", field=flag, value=text) from None
 
 
+def _is_price_file(path: str) -> bool:
+    """True when path reads like a price change-point CSV (its header starts `zone,`)."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            return fh.readline().strip().lower().startswith("zone,")
+    except (OSError, UnicodeDecodeError):
+        return False
+
+
+def _stray_error(trace_path: str | None, stray: list[str]) -> BadInputError:
+    """The one-line error for extra words: most often a --trace glob the shell expanded."""
+    first = stray[0]
+    if _is_price_file(first):
+        return BadInputError(f"takes one file; {first} is a price file (pass it with --prices; "
+                             "a glob such as *.csv matched it too)", field="--trace",
+                             value=trace_path)
+    return BadInputError(f"takes one file; {first} is one too many (a glob matching several "
+                         "files?)", field="--trace", value=trace_path)
+
+
 def _check_output(path: str | None) -> Path | None:
     if path is None:
         return None
@@ -118,11 +138,14 @@ def _print_table(model: SimModel, summary: dict, elapsed_s: float) -> None:
 @click.option("--workers", metavar="N", help="Processes to use [min(2, CPUs)].")
 @click.option("--decisions", "decisions_path", metavar="FILE.csv",
               help="Write run,policy,tick,mode,pool rows.")
+@click.argument("stray", nargs=-1, type=click.UNPROCESSED, metavar="")
 @json_option
 def simulate(trace_path, pools, prices_path, spot_price, od_price, work_hours, deadline_hours,
              changeover_hours, policies, starts, seed, t0, nodes, workers, decisions_path,
-             as_json) -> None:
+             stray, as_json) -> None:
     """Run the policies on the same starts and print mean costs and ratios."""
+    if stray:
+        raise _stray_error(trace_path, list(stray))
     if not trace_path:
         raise BadInputError("required", field="--trace")
     od = _number("--od-price", od_price, required=True)

@@ -13,17 +13,19 @@ from spotrun.policy.base import (IDLE, ON_DEMAND, Decision, JobProgress, Mode, P
                                  SafePolicy, safety_net)
 from spotrun.policy.market import MarketHistory, MarketView
 from spotrun.policy.rules import GreedyPolicy, OnDemandPolicy, UniformProgressPolicy
-from spotrun.policy.spotrun import SpotrunPolicy
+from spotrun.policy.select import SpotrunPolicy
+from spotrun.policy.spotrun import ReservePolicy
 
 POLICIES: dict[str, Callable[[], Policy]] = {
     "on-demand": OnDemandPolicy,
     "greedy": GreedyPolicy,
     "uniform-progress": UniformProgressPolicy,
+    "reserve": ReservePolicy,
     "spotrun": SpotrunPolicy,
 }
 
 OPTIMAL = "optimal"
-ALL_POLICY_NAMES = ["on-demand", "greedy", "uniform-progress", "optimal", "spotrun"]
+ALL_POLICY_NAMES = ["on-demand", "greedy", "uniform-progress", "optimal", "reserve", "spotrun"]
 DEFAULT_POLICY = "spotrun"
 
 

@@ -1,4 +1,6 @@
-"""spotrun's own policy: multi-pool, deadline-aware, driven by the observed market.
+"""`reserve`: spotrun's own candidate policy (multi-pool, deadline-aware, from the observed market).
+
+The `spotrun` policy (select.py) follows it where the market seen so far rewards it.
 
 Everything it uses is known at run time: each pool's history so far (up- and
 down-time, reclaims, up-stretch lengths), prices now, and the job's progress and
@@ -81,10 +83,10 @@ class _PoolModel:
         return float(rem.mean()), float(np.maximum(rem - c, 0.0).mean())
 
 
-class SpotrunPolicy(SafePolicy):
-    """Multi-pool, deadline-aware policy (the daemon's default)."""
+class ReservePolicy(SafePolicy):
+    """Multi-pool, deadline-aware policy with a slack reserve (a candidate of `spotrun`)."""
 
-    name = "spotrun"
+    name = "reserve"
 
     def __init__(self) -> None:
         self._models: dict[int, tuple[int, _PoolModel]] = {}

@@ -85,11 +85,13 @@ def build_model(trace: Trace, prices: PriceBook | None, *, spot_price_usd_per_ho
     changeover = math.floor(changeover_hours * 3600.0 / tick_s + 0.5)
     if deadline < work + changeover:
         raise BadInputError(
-            f"too short: {work} ticks of work + {changeover} of changeover exceed "
-            f"{deadline} ticks", field="--deadline-hours", value=deadline_hours)
+            f"deadline {deadline_hours:g} h is too short for {work_hours:g} h of work + "
+            f"{changeover_hours:g} h of changeover (counted in the trace's {tick_s:g} s steps)",
+            field="--deadline-hours", value=deadline_hours)
     if deadline > len(trace):
-        raise BadInputError(f"the deadline window ({deadline} ticks) is longer than the trace "
-                            f"({len(trace)} rows)", field="--deadline-hours", value=deadline_hours)
+        span_h = len(trace) * tick_s / 3600.0
+        raise BadInputError(f"deadline {deadline_hours:g} h is longer than the trace's "
+                            f"{_hours(span_h)} h", field="--deadline-hours", value=deadline_hours)
     if prices is not None:
         price = prices.matrix(trace)
         if spot_price_usd_per_hour is not None:
@@ -105,6 +107,11 @@ def build_model(trace: Trace, prices: PriceBook | None, *, spot_price_usd_per_ho
     history = MarketHistory(trace.pools, trace.up(nodes), price, od_price_usd_per_hour, tick_s)
     return SimModel(history=history, tick_values=trace.ticks, work_ticks=work,
                     deadline_ticks=deadline, changeover_ticks=changeover)
+
+
+def _hours(h: float) -> str:
+    """Hours for a message: one decimal, no trailing .0."""
+    return f"{round(h, 1):g}"
 
 
 def pick_starts(model: SimModel, *, starts: int | None, seed: int,

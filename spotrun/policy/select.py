@@ -1,0 +1,164 @@
+"""spotrun's policy: follow whichever candidate this market has rewarded, under the safety net.
+
+Candidates: greedy, Uniform Progress (the two simple rules) and `reserve` (spotrun's own
+slack-reserve policy). Which one is cheapest depends on the market: greedy where waiting
+for spot pays (stable pools, loose deadlines), Uniform Progress where outages are long,
+`reserve` in between. The policy cannot know the future, so it asks the past: it replays
+each candidate, in shadow, on the job's own shape (work, deadline, changeover, in ticks)
+placed on the most recent windows of the market seen so far, and follows the one whose
+shadow runs cost least on average.
+
+- Windows: the last `WINDOWS` (16) spans of the job's deadline, ending on a grid of a
+  quarter deadline (so runs and restarts share them): about the last 4.75 deadlines of
+  the market. With less history than one deadline, one window of all the history so far,
+  the job scaled to it (work and deadline in the same ratio, the same changeover); with
+  less than that, greedy (the default, and the first choice to beat).
+- Choice points: the job's start and every quarter deadline after it, so a market that
+  changes regime mid-job is followed. At each, the better rule is the one with the lower
+  mean shadow cost; a switch between the rules must save more than one changeover at the
+  on-demand price (the move it may cost). `reserve` is followed only where it beats that
+  rule by more than the standard error of its saving over the windows (their own noise),
+  plus the changeover when it is not already followed: safe first, the rules' own cost
+  where the evidence is thin. Ties keep the simpler rule; with no window, greedy.
+- State: only a cache. The choice at every point is a function of the market rows up to it
+  and the job's shape, so a restarted daemon with the same recorded market decides the same.
+- Deadlines: every decision passes the same safety net as the rules' (an on-demand finish
+  stays feasible whatever the market does next).
+"""
+
+from __future__ import annotations
+
+import math
+import weakref
+
+import numpy as np
+
+from spotrun.policy.base import IDLE, Decision, JobProgress, Policy, safety_net
+from spotrun.policy.market import MarketHistory, MarketView
+from spotrun.policy.rules import GreedyPolicy, UniformProgressPolicy
+from spotrun.policy.spotrun import ReservePolicy
+
+# In order of preference on a tie: the simplest first.
+CANDIDATES: dict[str, type] = {"greedy": GreedyPolicy, "uniform-progress": UniformProgressPolicy,
+                               "reserve": ReservePolicy}
+DEFAULT = "greedy"
+RULES = ("greedy", "uniform-progress")
+WINDOWS = 16
+# Choice points and window grid per deadline.
+POINTS_PER_DEADLINE = 4
+_EPS = 1e-9
+
+# Shadow costs per history: {(start, work, deadline, changeover, name): USD}.
+_SHADOW: "weakref.WeakKeyDictionary[MarketHistory, dict]" = weakref.WeakKeyDictionary()
+
+
+def job_shape(job: JobProgress) -> tuple[int, int, int]:
+    """(work, deadline, changeover) in ticks, rounded as the simulator rounds hours."""
+    tick = job.tick_s
+    return (max(1, math.ceil(job.work_total_s / tick - _EPS)),
+            max(1, math.floor(job.deadline_s / tick + _EPS)),
+            max(0, math.floor(job.changeover_s / tick + 0.5)))
+
+
+def shadow_cost(h: MarketHistory, start: int, work: int, deadline: int, changeover: int,
+                name: str) -> float:
+    """Cost (USD) of candidate `name` on the job shape run over rows start..start+deadline-1."""
+    from spotrun.simulate.engine import run_policy    # the simulator imports the policies
+    from spotrun.simulate.model import SimModel
+
+    per = _SHADOW.setdefault(h, {})
+    key = (start, work, deadline, changeover, name)
+    hit = per.get(key)
+    if hit is None:
+        model = SimModel(history=h, tick_values=np.empty(0, dtype=np.int64), work_ticks=work,
+                         deadline_ticks=deadline, changeover_ticks=changeover)
+        hit = per[key] = run_policy(model, CANDIDATES[name](), start).cost_usd
+    return hit
+
+
+def windows(now: int, work: int, deadline: int, changeover: int) -> list[tuple[int, int, int]]:
+    """(start, work, deadline) of the shadow windows that end by tick `now` (inclusive)."""
+    grid = max(1, -(-deadline // POINTS_PER_DEADLINE))
+    end = (now + 1) // grid * grid                    # windows cover rows < end <= now + 1
+    out = []
+    for k in range(WINDOWS):
+        e = end - k * grid
+        if e - deadline < 0:
+            break
+        out.append((e - deadline, work, deadline))
+    if out or end <= 0:
+        return out
+    # less history than one deadline: the job scaled to all of it
+    w = max(1, round(work * end / deadline))
+    if end >= w + changeover + 1 and w > changeover:
+        out.append((0, w, end))
+    return out
+
+
+def choose_candidate(market: MarketView, shape: tuple[int, int, int],
+                     current: str | None) -> str:
+    """The candidate the recent market rewarded most (see the module docstring)."""
+    work, deadline, changeover = shape
+    wins = windows(market.now, work, deadline, changeover)
+    if not wins:
+        return current or DEFAULT
+    h = market.h
+    costs = {name: np.array([shadow_cost(h, s, w, d, changeover, name) for s, w, d in wins])
+             for name in CANDIDATES}
+    current = current or DEFAULT
+    margin = changeover * h.tick_s / 3600.0 * h.od_price_usd_per_hour
+    mean = {n: float(c.mean()) for n, c in costs.items()}
+    # the better rule: the one with the lower mean (a switch between rules must still save
+    # more than one changeover at the on-demand price, the move it may cost)
+    rule = min(RULES, key=lambda n: mean[n])
+    if current in RULES and rule != current and mean[rule] >= mean[current] - margin:
+        rule = current
+    best = rule
+    # an own candidate only when it beats that rule beyond the windows' own noise
+    for name in CANDIDATES:
+        if name in RULES:
+            continue
+        saving = costs[rule] - costs[name]
+        noise = float(saving.std(ddof=1) / np.sqrt(len(saving))) if len(saving) > 1 else 0.0
+        keep = name == current      # staying on it needs no move
+        if float(saving.mean()) > (0.0 if keep else margin) + noise and mean[name] < mean[best]:
+            best = name
+    return best
+
+
+class SpotrunPolicy:
+    """Follows the candidate the market seen so far rewarded (the daemon's default)."""
+
+    name = "spotrun"
+
+    def __init__(self) -> None:
+        self._followers: dict[str, Policy] = {n: cls() for n, cls in CANDIDATES.items()}
+        self._shape: tuple[int, int, int] | None = None
+        self._start = 0                          # market row of the job's first tick
+        self._choices: list[str] = []            # the choice at each choice point so far
+
+    def following(self, job: JobProgress, market: MarketView) -> str:
+        """The candidate followed at this tick (choice points replayed as needed)."""
+        shape = job_shape(job)
+        tau = max(0, round(job.elapsed_s / job.tick_s))
+        if shape != self._shape:
+            # a new job shape (the daemon's work estimate moved): every choice anew. The
+            # start stays as first seen, so a recorded market a row short of the elapsed
+            # ticks (a missed interval) does not recompute the choices each tick.
+            self._shape, self._start, self._choices = shape, market.now - tau, []
+        start = self._start
+        grid = max(1, -(-shape[1] // POINTS_PER_DEADLINE))
+        points = tau // grid + 1
+        while len(self._choices) < points:
+            at = start + len(self._choices) * grid
+            prev = self._choices[-1] if self._choices else None
+            view = market.h.view(min(max(at, 0), market.now))
+            self._choices.append(choose_candidate(view, shape, prev))
+        return self._choices[points - 1]
+
+    def decide(self, job: JobProgress, market: MarketView) -> Decision:
+        """The followed candidate's decision, made deadline-safe; done jobs idle."""
+        if job.remaining_s <= _EPS:
+            return IDLE
+        name = self.following(job, market)
+        return safety_net(job, self._followers[name].decide(job, market))

@@ -1,0 +1,147 @@
+"""The `spotrun` policy: it follows the candidate the market seen so far rewarded, safely."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from spotrun.policy import JobProgress, Mode, make_policy
+from spotrun.policy.market import MarketHistory
+from spotrun.policy.select import CANDIDATES, SpotrunPolicy, choose_candidate, shadow_cost, \
+    windows
+from spotrun.simulate.engine import run_policy
+from spotrun.simulate.model import SimModel, build_model, pick_starts
+from spotrun.simulate.synthetic import regime_change_market
+from spotrun.traces import load_prices, load_trace
+
+TICK_S = 600.0
+DATA = Path(__file__).resolve().parents[1] / "spotrun" / "data" / "traces"
+
+
+def model_of(up: np.ndarray, work: int, deadline: int, changeover: int,
+             prices: list[float] | None = None) -> SimModel:
+    """A model over availability columns (flat prices per pool)."""
+    price = np.tile(np.asarray(prices or [1.0] * up.shape[1]), (len(up), 1))
+    h = MarketHistory([f"p{j}" for j in range(up.shape[1])], up, price, 3.0, TICK_S)
+    return SimModel(history=h, tick_values=np.arange(len(up)), work_ticks=work,
+                    deadline_ticks=deadline, changeover_ticks=changeover)
+
+
+def periodic(n: int, up_ticks: int, down_ticks: int) -> np.ndarray:
+    """One pool: up_ticks up, down_ticks down, repeated."""
+    col = np.array(([True] * up_ticks + [False] * down_ticks) * (n // (up_ticks + down_ticks) + 1))
+    return col[:n, None]
+
+
+def start_job(m: SimModel) -> JobProgress:
+    return JobProgress(work_total_s=m.work_ticks * TICK_S, work_done_s=0.0,
+                       time_left_s=m.deadline_ticks * TICK_S, elapsed_s=0.0,
+                       changeover_s=m.changeover_ticks * TICK_S, tick_s=TICK_S)
+
+
+def test_without_history_it_follows_greedy():
+    m = model_of(periodic(400, 10, 30), work=20, deadline=40, changeover=2)
+    p = SpotrunPolicy()
+    assert windows(5, 20, 40, 2) == []            # less than a quarter deadline seen
+    assert p.following(start_job(m), m.history.view(5)) == "greedy"
+
+
+def test_where_waiting_for_spot_lost_it_leaves_greedy_for_the_candidate_that_won():
+    # outages twice as long as the stretches: greedy waits out its slack, then finishes
+    # the job on on-demand; bridging outages on on-demand early is cheaper
+    m = model_of(periodic(600, 5, 10), work=30, deadline=40, changeover=1)
+    view = m.history.view(500)
+    wins = windows(500, 30, 40, 1)
+    assert len(wins) == 16 and all(s + d <= 501 for s, _, d in wins)
+    costs = {n: np.mean([shadow_cost(m.history, s, w, d, 1, n) for s, w, d in wins])
+             for n in CANDIDATES}
+    chosen = choose_candidate(view, (30, 40, 1), None)
+    assert chosen != "greedy" and costs[chosen] < costs["greedy"]
+    assert costs[chosen] == min(costs.values())
+    # and on the job that follows, that choice costs less than greedy
+    p, g = run_policy(m, make_policy("spotrun"), 501), run_policy(m, make_policy("greedy"), 501)
+    assert p.deadline_met and p.cost_usd < g.cost_usd
+
+
+def test_a_restarted_policy_on_a_daemon_grown_history_decides_the_same():
+    trace, prices = regime_change_market(seed=1)
+    m = build_model(trace, prices, spot_price_usd_per_hour=None, od_price_usd_per_hour=3.0,
+                    work_hours=2.0, deadline_hours=3.0, changeover_hours=0.2)
+    start = 3550                                   # across the regime change at 3600
+    ref = run_policy(m, make_policy("spotrun"), start, record=True)
+    h = m.history
+    grown = MarketHistory(h.pools, h.up[:start + 1], h.price[:start + 1],
+                          h.od_price_usd_per_hour, h.tick_s)
+    continuing = make_policy("spotrun")
+    W, D, C = m.work_ticks, m.deadline_ticks, m.changeover_ticks
+    # replay the reference run's own states; at each tick a fresh policy (a restarted daemon)
+    # and the continuing one must both give the reference decision
+    done, mode, pool, c_left = 0, Mode.IDLE, None, 0
+    for tau, d in enumerate(ref.decisions):
+        t = start + tau
+        if tau > 0:
+            grown = grown.extended(h.up[t], h.price[t])
+        if mode is Mode.SPOT and not h.up[t, h.pools.index(pool)]:
+            mode, pool, c_left = Mode.IDLE, None, 0
+            continue
+        job = JobProgress(work_total_s=W * h.tick_s, work_done_s=done * h.tick_s,
+                          time_left_s=(D - tau) * h.tick_s, elapsed_s=tau * h.tick_s,
+                          changeover_s=C * h.tick_s, tick_s=h.tick_s, mode=mode, pool=pool,
+                          changeover_left_s=c_left * h.tick_s)
+        assert continuing.decide(job, grown.view(t)) == d
+        assert make_policy("spotrun").decide(job, grown.view(t)) == d
+        if d.mode is Mode.IDLE:
+            mode, pool, c_left = Mode.IDLE, None, 0
+            continue
+        if (d.mode, d.pool) != (mode, pool):
+            mode, pool, c_left = d.mode, d.pool, C
+        if c_left > 0:
+            c_left -= 1
+        else:
+            done += 1
+
+
+def test_decisions_ignore_the_market_after_now_with_a_long_history():
+    trace, prices = regime_change_market(seed=2)
+    m = build_model(trace, prices, spot_price_usd_per_hour=None, od_price_usd_per_hour=3.0,
+                    work_hours=2.0, deadline_hours=4.0, changeover_hours=0.2)
+    cut, start = 3620, 3590
+    h = m.history
+    other = MarketHistory(h.pools, np.concatenate([h.up[:cut], ~h.up[cut:]]),
+                          np.concatenate([h.price[:cut], h.price[cut:] * 3]),
+                          h.od_price_usd_per_hour, h.tick_s)
+    b = SimModel(history=other, tick_values=m.tick_values, work_ticks=m.work_ticks,
+                 deadline_ticks=m.deadline_ticks, changeover_ticks=m.changeover_ticks)
+    ra = run_policy(m, make_policy("spotrun"), start, record=True)
+    rb = run_policy(b, make_policy("spotrun"), start, record=True)
+    assert ra.deadline_met and rb.deadline_met
+    assert ra.decisions[:cut - start] == rb.decisions[:cut - start]
+
+
+def _slice(which: str, pools: int | None, work_h: float, factor: float) -> SimModel:
+    if which == "synthetic":
+        trace, prices = regime_change_market(seed=0)
+    else:
+        trace = load_trace(DATA / "p3.2xlarge_4az_demo.csv")
+        prices = load_prices(DATA / "p3.2xlarge_4az_demo_prices.csv")
+    chosen = trace.pools if pools is None else [trace.pools[pools]]
+    return build_model(trace.select(chosen), prices, spot_price_usd_per_hour=None,
+                       od_price_usd_per_hour=3.06, work_hours=work_h,
+                       deadline_hours=work_h * factor, changeover_hours=0.2)
+
+
+@pytest.mark.parametrize("which,pools,work_h,factor", [
+    ("synthetic", 1, 2.0, 2.0), ("synthetic", 1, 2.0, 5.0), ("synthetic", None, 8.0, 1.5),
+    ("demo", 0, 2.0, 1.5), ("demo", None, 2.0, 5.0),
+])
+def test_never_worse_than_the_better_rule_by_more_than_one_percent(which, pools, work_h, factor):
+    m = _slice(which, pools, work_h, factor)
+    rows = pick_starts(m, starts=8, seed=1, t0=None)
+    mean = {}
+    for name in ("greedy", "uniform-progress", "spotrun"):
+        runs = [run_policy(m, make_policy(name), int(r)) for r in rows]
+        assert all(r.deadline_met for r in runs), name
+        mean[name] = float(np.mean([r.cost_usd for r in runs]))
+    assert mean["spotrun"] <= 1.01 * min(mean["greedy"], mean["uniform-progress"])
