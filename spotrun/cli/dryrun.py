@@ -11,15 +11,13 @@ from rich.table import Table
 from spotrun.catalog import load_catalog
 from spotrun.decide.from_settings import decide_for_cli, live_market
 from spotrun.config import Settings
-from spotrun.db import Attempt, Job
 from spotrun.jobs import Submission
 from spotrun.providers.base import TAG_ATTEMPT, TAG_JOB, TAG_MANAGED, LaunchRequest, Pool
-from spotrun.states import JobState
 
 
 def dry_run_plan(sub: Submission, settings: Settings) -> dict[str, Any]:
     """What the first launch would do, decided on the market the daemon will see (pure)."""
-    from spotrun.daemon.scheduler import build_agent_config
+    from spotrun.daemon.scheduler import AttemptPlan, build_agent_config
     catalog = load_catalog()
     spec = sub.spec
     market, provider = live_market(settings, catalog, list(spec.resources.zones) or None)
@@ -30,19 +28,15 @@ def dry_run_plan(sub: Submission, settings: Settings) -> dict[str, Any]:
     first = placed.first
     if first is None:
         return out
-    # In-memory rows only: the agent's config is built from the same values the daemon uses.
-    job = Job(id=sub.job_id, name=spec.name, state=JobState.QUEUED,
-              spec_json=json.dumps(spec.to_dict()), store_uri=sub.store_uri,
-              checkpoint_uri=sub.checkpoint_uri, bundle_key=None)
-    attempt = Attempt(job_id=job.id, number=1, market=first.market,
-                      instance_type=first.instance_type, zone=first.zone,
-                      price_usd_per_hour=first.price_usd_per_hour, client_token="<dry-run>",
-                      gpus=first.gpus, checkpoint_interval_s=first.checkpoint_interval_s)
+    # The agent's config from the same values the daemon will use (no database rows).
+    plan = AttemptPlan(job_id=sub.job_id, spec=spec, store_uri=sub.store_uri,
+                       checkpoint_uri=sub.checkpoint_uri, bundle_key=None, attempt=1,
+                       gpus=first.gpus, checkpoint_interval_s=first.checkpoint_interval_s)
     request = LaunchRequest(
-        job_id=job.id, attempt_number=1, client_token=attempt.client_token,
+        job_id=sub.job_id, attempt_number=1, client_token="<dry-run>",
         candidates=tuple(Pool(c.instance_type, c.zone, c.market) for c in placed.candidates),
-        user_data=build_agent_config(settings, job, attempt).to_json(),
-        tags={TAG_JOB: job.id, TAG_ATTEMPT: "1", TAG_MANAGED: "true"},
+        user_data=build_agent_config(settings, plan).to_json(),
+        tags={TAG_JOB: sub.job_id, TAG_ATTEMPT: "1", TAG_MANAGED: "true"},
         max_price_usd_per_hour=spec.policy.max_price_usd_per_hour)
     out["launch"] = provider.plan_launch(request).to_dict()
     return out

@@ -11,6 +11,7 @@ and the provider returns the instance it already started instead of a second one
 from __future__ import annotations
 
 import secrets
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from sqlmodel import select
@@ -29,7 +30,7 @@ from spotrun.db import Attempt, Job, add_event, attempts_of, session
 from spotrun.errors import CapacityError, ProviderError
 from spotrun.providers.base import (TAG_ATTEMPT, TAG_JOB, TAG_MANAGED, LaunchRequest, Pool,
                                     pools_from_json, pools_to_json)
-from spotrun.spec import job_spec, spec_from_dict
+from spotrun.spec import JobSpec, job_spec, spec_from_dict
 from spotrun.states import AttemptState, EndReason, JobState, Market, move_attempt, move_job
 
 NEEDS_LAUNCH = (JobState.QUEUED, JobState.RECOVERING)
@@ -268,23 +269,43 @@ class SchedulerLoop:
 
     def agent_config(self, job: Job, attempt: Attempt) -> AgentConfig:
         """The user data for an attempt's instance."""
-        return build_agent_config(self.ctx.settings, job, attempt)
+        return build_agent_config(
+            self.ctx.settings, AttemptPlan(job_id=job.id, spec=spec_from_dict(job.spec),
+                                           store_uri=job.store_uri,
+                                           checkpoint_uri=job.checkpoint_uri,
+                                           bundle_key=job.bundle_key, attempt=attempt.number,
+                                           gpus=attempt.gpus,
+                                           checkpoint_interval_s=attempt.checkpoint_interval_s))
 
 
-def build_agent_config(settings: Settings, job: Job, attempt: Attempt) -> AgentConfig:
+@dataclass(frozen=True)
+class AttemptPlan:
+    """What an attempt's agent is told: the job, where its files live, and the placement."""
+
+    job_id: str
+    spec: JobSpec
+    store_uri: str
+    checkpoint_uri: str
+    bundle_key: str | None
+    attempt: int
+    gpus: int                                # GPUs the job uses per node (SPOTRUN_GPUS)
+    checkpoint_interval_s: float | None      # provider clock, from the decision
+
+
+def build_agent_config(settings: Settings, plan: AttemptPlan) -> AgentConfig:
     """The agent's configuration for one attempt (the instance's user data)."""
     from spotrun.providers.facts import facts_for
-    spec = spec_from_dict(job.spec)
+    spec = plan.spec
     st = settings
     facts = facts_for(st)
     # The provider's clock may run faster than the wall (the local market); agents time things
     # in wall seconds.
     scale = facts.time_scale(st)
-    interval_s = attempt.checkpoint_interval_s / scale if attempt.checkpoint_interval_s else None
+    interval_s = plan.checkpoint_interval_s / scale if plan.checkpoint_interval_s else None
     return AgentConfig(
-        job_id=job.id, attempt=attempt.number, store_uri=job.store_uri,
-        checkpoint_uri=job.checkpoint_uri, command=spec.command, env=dict(spec.env),
-        secrets=dict(spec.secrets), bundle_key=job.bundle_key, gpus=attempt.gpus,
+        job_id=plan.job_id, attempt=plan.attempt, store_uri=plan.store_uri,
+        checkpoint_uri=plan.checkpoint_uri, command=spec.command, env=dict(spec.env),
+        secrets=dict(spec.secrets), bundle_key=plan.bundle_key, gpus=plan.gpus,
         total_steps=spec.work.total_steps, checkpoint_interval_s=interval_s,
         checkpoint_keep=spec.checkpoint.keep, time_scale=scale, outputs=list(spec.outputs),
         heartbeat_interval_s=st.agent.heartbeat_interval_s,
