@@ -157,3 +157,17 @@ def test_pull_with_nothing_yet_exits_1_in_one_line(tmp_home: Path, tmp_path: Pat
     out = CliRunner().invoke(cli, ["pull", job_id, "--to", str(tmp_path / "dest")])
     assert out.exit_code == 1 and "nothing to pull yet" in out.output
     assert "Traceback" not in out.output and len(out.output.strip().splitlines()) == 1
+
+
+def test_a_notice_written_before_the_callback_existed_is_seen(tmp_path):
+    """The agent writes SPOTRUN_NOTICE_FILE before it signals: a framework still importing
+    when the signal came (no handler yet) learns of the notice from the file."""
+    from spotrun.integrations._common import Notice
+    path = tmp_path / "notice.json"
+    path.write_text('{"action": "terminate"}')
+    notice = Notice(install=False, notice_file=str(path))
+    assert notice.pending
+    notice.clear()
+    assert not notice.pending              # the same write is one notice, not a stream
+    fresh = Notice(install=False, notice_file=str(tmp_path / "none.json"))
+    assert not fresh.pending

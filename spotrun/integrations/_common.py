@@ -40,10 +40,15 @@ class Notice:
     moment, and the callbacks save at their next callback point.
     """
 
-    def __init__(self, install: bool = True) -> None:
+    def __init__(self, install: bool = True, notice_file: str | None = None) -> None:
         self.at: float | None = None
         self._prev: Any = None
         self._installed = False
+        # The agent writes the notice file before it signals, so a notice that came while
+        # the framework was still importing (before this handler existed) is not lost.
+        self._file = notice_file if notice_file is not None else os.environ.get(
+            "SPOTRUN_NOTICE_FILE", "")
+        self._file_seen: float | None = None
         if install and threading.current_thread() is threading.main_thread():
             self._prev = signal.signal(signal.SIGUSR1, self._handler)
             self._installed = True
@@ -58,7 +63,15 @@ class Notice:
 
     @property
     def pending(self) -> bool:
-        """True from the notice until `clear()`."""
+        """True from the notice (signal, or the agent's notice file) until `clear()`."""
+        if self.at is None and self._file:
+            try:
+                mtime = os.stat(self._file).st_mtime
+            except OSError:
+                mtime = None
+            if mtime is not None and mtime != self._file_seen:
+                self._file_seen = mtime      # one notice per write of the file
+                self.at = time.monotonic()
         return self.at is not None
 
     def set(self) -> None:
