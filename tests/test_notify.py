@@ -218,3 +218,19 @@ def test_deadline_at_risk_by_the_policys_slack(tmp_home, receiver):
     assert len(risky) == 2 and all("slow" in t for t in risky)   # both webhooks, slow only
     _drain(loop)
     assert len(receiver.texts(containing="at risk")) == 2
+
+
+def test_a_failing_checkpoint_save_alerts_once(tmp_home, receiver):
+    """The daemon's checkpoint_save_failed event (spotrun.daemon.savefail) reaches the webhook
+    routed for checkpoint_save_failing, once however often the daemon looks."""
+    loop = _loop(tmp_home, _settings(tmp_home, receiver))
+    eng = loop.ctx.engine
+    make_job(eng, "job-c", state=JobState.RUNNING)
+    loop.tick(at(0))
+    with session(eng) as s:
+        add_event(s, "job-c", "checkpoint_save_failed", "step 10: PermissionError")
+        s.commit()
+    _drain(loop)
+    _drain(loop)
+    assert len(receiver.texts(containing="job-c")) == 2   # both webhooks take every event
+    assert all("checkpoint" in t for t in receiver.texts(containing="job-c"))

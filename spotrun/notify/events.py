@@ -4,7 +4,7 @@ Sources: job events (failed, succeeded, attempt_reclaimed, budget_exhausted and
 `checkpoint_save_failed*`) after a watermark; the ledger against each active job's budget
 (`budget_warn_fraction`, then 100%); the policy's slack for deadline jobs (at risk when
 even on-demand from now would finish after the deadline: `JobProgress.slack_s < 0`); and
-running attempts' heartbeats (`checkpoint_save_failures` > 0).
+running attempts' heartbeats (`checkpoint_failures` > 0).
 """
 
 from __future__ import annotations
@@ -128,7 +128,9 @@ def from_heartbeats(s: Session, store_for: Callable[[str], Any]) -> list[Alert]:
                 layout.heartbeat_key(job.id, att.number)))
         except Exception:   # no heartbeat yet, or the store is down: nothing to say
             continue
-        failures = beat.get("checkpoint_save_failures") if isinstance(beat, dict) else None
+        # The agent's heartbeat carries the library's count of saves that failed.
+        failures = (beat.get("checkpoint_failures", beat.get("checkpoint_save_failures"))
+                    if isinstance(beat, dict) else None)
         if isinstance(failures, int) and failures > 0:
             out.append(Alert(f"checkpoint_save_failing:{job.id}:{att.id}",
                              "checkpoint_save_failing", job.id,
