@@ -13,7 +13,7 @@ from rich.table import Table
 
 from spotrun import layout
 from spotrun.cli.common import echo_json, get_settings, json_option, open_state_db
-from spotrun.db import Attempt, Job, find_job, session
+from spotrun.db import Attempt, Job, attempts_of, find_job, session
 from spotrun.errors import NotFoundError
 from spotrun.jobs import request_cancel, resume_job, submit as submit_job, validate_submission
 from spotrun.store import open_store
@@ -185,8 +185,14 @@ def _span(start: Any, end: Any) -> str:
 @click.option("--follow", "-f", is_flag=True, help="Keep printing until the job ends.")
 @click.option("--poll-s", type=float, default=1.0, show_default=True,
               help="How often --follow looks for new output.")
-def logs(job_ref: str, attempt_no: int | None, follow: bool, poll_s: float) -> None:
-    """Print a job's output (all attempts in order), read from the store."""
+@json_option
+def logs(job_ref: str, attempt_no: int | None, follow: bool, poll_s: float,
+         as_json: bool) -> None:
+    """Print a job's output, attempt by attempt, read from the store.
+
+    Each attempt starts with a `== attempt N (pool) ==` line; an attempt that printed
+    nothing says so. `--json` prints `[{"attempt", "pool", "end_reason", "output"}]`.
+    """
     settings = get_settings()
     engine = open_state_db(settings, job_ref)
     with session(engine) as s:
@@ -194,26 +200,53 @@ def logs(job_ref: str, attempt_no: int | None, follow: bool, poll_s: float) -> N
         if job is None:
             raise NotFoundError("no such job", field="JOB", value=job_ref)
         job_id, store_uri = job.id, job.store_uri
+        attempts = {a.number: a for a in attempts_of(s, job.id)}
+    if attempt_no is not None and attempt_no not in attempts:
+        have = f"1-{max(attempts)}" if attempts else "none yet"
+        raise NotFoundError(f"no attempt {attempt_no}; the job's attempts: {have}",
+                            field="--attempt", value=attempt_no)
     store = open_store(store_uri)
+    if as_json:
+        echo_json([{"attempt": n, "pool": _pool(a),
+                    "end_reason": a.end_reason.value if a.end_reason else None,
+                    "output": "".join(store.get_bytes(k).decode("utf-8", errors="replace")
+                                      for k in _segments(store, job_id, n))}
+                   for n, a in sorted(attempts.items())
+                   if attempt_no is None or n == attempt_no])
+        return
     printed: set[str] = set()
+    headed: set[int] = set()
     while True:
-        for key in _segments(store, job_id, attempt_no):
-            if key in printed:
+        for n, a in sorted(attempts.items()):
+            if attempt_no is not None and n != attempt_no:
                 continue
-            printed.add(key)
-            click.echo(store.get_bytes(key).decode("utf-8", errors="replace"), nl=False)
+            keys = [k for k in _segments(store, job_id, n) if k not in printed]
+            ended = a.state.is_terminal()
+            if n not in headed and (keys or ended):
+                headed.add(n)
+                click.echo(f"== attempt {n} ({_pool(a)})"
+                           + (f", {a.end_reason.value}" if a.end_reason else "") + " ==")
+                if not keys and not _segments(store, job_id, n):
+                    click.echo("(no output)")
+            for key in keys:
+                printed.add(key)
+                click.echo(store.get_bytes(key).decode("utf-8", errors="replace"), nl=False)
         if not follow:
             return
         with session(engine) as s:
+            attempts = {a.number: a for a in attempts_of(s, job_id)}
             if s.get(Job, job_id).state.is_terminal():
                 follow = False  # one more pass picks up the final segments
                 continue
         time.sleep(poll_s)  # a CLI follow loop paces itself; not a test wait
 
 
-def _segments(store: Any, job_id: str, attempt_no: int | None) -> list[str]:
-    prefix = layout.log_prefix(job_id, attempt_no) + "/" if attempt_no else \
-        f"{layout.job_prefix(job_id)}/logs/"
+def _pool(a: Attempt) -> str:
+    return f"{a.instance_type} {a.zone} {a.market.value}"
+
+
+def _segments(store: Any, job_id: str, attempt_no: int) -> list[str]:
+    prefix = layout.log_prefix(job_id, attempt_no) + "/"
     return [o.key for o in store.list(prefix) if o.key.endswith(".log")]
 
 
@@ -235,10 +268,14 @@ def cancel(job_ref: str, as_json: bool) -> None:
 @click.command()
 @click.argument("job_ref")
 @click.option("--budget-usd", type=float, default=None, help="New, higher budget in USD.")
-def resume(job_ref: str, budget_usd: float | None) -> None:
+@json_option
+def resume(job_ref: str, budget_usd: float | None, as_json: bool) -> None:
     """Resume a budget_exhausted or failed job from its last checkpoint."""
     settings = get_settings()
     job = resume_job(open_state_db(settings, job_ref), job_ref, budget_usd)
+    if as_json:
+        echo_json({"id": job.id, "state": job.state.value, "budget_usd": job.budget_usd})
+        return
     click.echo(f"{job.id} {job.state.value}" + (f" budget ${job.budget_usd:g}"
                                                  if job.budget_usd else ""))
 
