@@ -286,7 +286,7 @@ def test_check_and_doctor_name_the_database_fault(fault: str, words: list[str],
         break_db(tmp_home, fault)
     before = sorted((p.name, p.stat().st_size) for p in tmp_home.iterdir() if p.is_file())
     try:
-        check = run_cli(tmp_home, "daemon", "--check")
+        check = run_cli(tmp_home, "daemon", "--check", "--json")
         assert check.returncode == 1 and "Traceback" not in check.stderr, check.stderr
         reason = json.loads(check.stdout)["reason"]
         assert "database" in reason and all(w in reason for w in words), reason
@@ -313,7 +313,7 @@ def test_check_and_doctor_say_ok_for_a_healthy_database(tmp_home: Path):
     assert doctor.returncode == 0, doctor.stderr
     checks = json.loads(doctor.stdout)["checks"]
     assert [c["status"] for c in checks if c["name"] == "database"] == ["ok"]
-    check = run_cli(tmp_home, "daemon", "--check")
+    check = run_cli(tmp_home, "daemon", "--check", "--json")
     assert check.returncode == 1 and "no daemon holds the lease" in json.loads(check.stdout)[
         "reason"]
     assert os.path.exists(tmp_home / "spotrun.db")
@@ -363,3 +363,10 @@ def test_an_unreachable_postgresql_server_is_one_line(tmp_home: Path):
         said = proc.stderr if args == ["status"] else proc.stdout
         assert f"127.0.0.1:{port}" in said and "unreachable" in said, said
     assert sorted(p.name for p in tmp_home.iterdir()) == ["spotrun.toml"]
+
+
+def test_daemon_check_reads_as_one_line_without_json(tmp_home: Path) -> None:
+    """A person at a terminal gets one line; `--json` gives the object (tests above)."""
+    check = run_cli(tmp_home, "daemon", "--check")
+    assert check.returncode == 1 and "Traceback" not in check.stderr, check.stderr
+    assert check.stdout.startswith("not ok: ") and len(check.stdout.strip().splitlines()) == 1

@@ -71,7 +71,8 @@ def test_units_pass_systemd_analyze_verify(name: str, tmp_path: Path):
 def _check(home: Path) -> tuple[int, dict]:
     env = dict(os.environ, SPOTRUN_HOME=str(home))
     env.pop("SPOTRUN_DB_URL", None)
-    out = subprocess.run([sys.executable, "-m", "spotrun", "daemon", "--check"], env=env,
+    out = subprocess.run([sys.executable, "-m", "spotrun", "daemon", "--check", "--json"],
+                         env=env,
                          capture_output=True, text=True, timeout=60)
     return out.returncode, json.loads(out.stdout)
 

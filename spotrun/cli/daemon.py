@@ -11,12 +11,13 @@ from spotrun.cli.common import echo_json, get_settings
 
 @click.command()
 @click.option("--once", is_flag=True, help="Run every loop one time and exit.")
+@click.option("--json", "as_json", is_flag=True, help="--check: print one JSON object.")
 @click.option("--check", is_flag=True,
               help="Health check: a daemon holds this database's lease now; exit 0/1 "
                    "with the reason (also: database unreadable, locked, newer schema). "
                    "Writes nothing.")
-def daemon(once: bool, check: bool) -> None:
-    """Run the daemon in the foreground (logs: JSON lines on stdout).
+def daemon(once: bool, as_json: bool, check: bool) -> None:
+    """Run the daemon in the foreground (logs: JSON lines on stderr).
 
     One daemon per database: a second one waits for the lease. SIGTERM or Ctrl-C
     stops it cleanly after the loop in progress; SIGHUP reloads the [daemon] and
@@ -27,7 +28,11 @@ def daemon(once: bool, check: bool) -> None:
     if check:
         from spotrun.daemon.service import health
         ok, reason, detail = health(settings)
-        echo_json({"ok": ok, "reason": reason, **detail})
+        if as_json:
+            echo_json({"ok": ok, "reason": reason, **detail})
+        else:
+            extra = "  ".join(f"{k}={v}" for k, v in detail.items() if v is not None)
+            click.echo(f"{'ok' if ok else 'not ok'}: {reason}" + (f"  ({extra})" if extra else ""))
         sys.exit(0 if ok else 1)
     from spotrun.daemon.app import build_context, build_runner, configure_logging
     configure_logging()
