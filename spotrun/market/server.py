@@ -15,7 +15,7 @@ import signal
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 from urllib.parse import parse_qs, urlsplit
 
 from spotrun.errors import BadInputError, ProviderError, SpotrunError
@@ -171,50 +171,87 @@ class _Handler(BaseHTTPRequestHandler):
         self._send(reply.status, reply.body, reply.content_type)
 
     def _api(self, method: str, parts: list[str], q: dict[str, str]) -> None:
-        m = self.server.market
-        route = (method, "/".join(parts))
-        if route == ("GET", "health"):
-            self._json(200, {"ok": True, "pid": os.getpid()})
-        elif route == ("GET", "time"):
-            self._json(200, time_json(m))
-        elif route == ("GET", "pools"):
-            types = [t for t in q.get("instance_types", "").split(",") if t]
-            self._json(200, {"pools": m.pools(types or None)})
-        elif route == ("GET", "instances"):
-            ids = q["ids"].split(",") if q.get("ids") else None
-            recs = m.describe(job_id=q.get("job_id"), instance_ids=ids)
-            self._json(200, {"instances": [record_json(r) for r in recs]})
-        elif route == ("POST", "instances"):
-            if self.server.faults.hit("refused"):
-                raise LaunchRefused({"*": "InsufficientInstanceCapacity: injected fault"})
-            self._json(200, {"instance": record_json(_launch(m, self._body()))})
-        elif method == "POST" and len(parts) == 3 and parts[0] == "instances" \
-                and parts[2] == "terminate":
-            rec = m.terminate(parts[1])
-            self._json(200, {"instance": record_json(rec) if rec else None})
-        elif route == ("GET", "prices"):
-            pos = m.clock.position(m.now_s())
-            price = m.book.spot_price(q.get("instance_type", ""), q.get("zone", ""), pos)
-            self._json(200, {"price_usd_per_hour": price})
-        elif route == ("GET", "price-history"):
-            self._json(200, {"points": _history(m, q)})
-        elif route == ("GET", "status"):
-            self._json(200, status_json(m))
-        elif route == ("POST", "admin/interrupt"):
-            body = self._body()
-            rec = m.interrupt(str(body.get("instance_id", "")), _num(body, "in_s", 0.0),
-                              bool(body.get("notice", True)))
-            self._json(200, {"instance": record_json(rec)})
-        elif route == ("POST", "admin/faults"):
-            self._json(200, {"faults": self.server.faults.set(self._body())})
-        elif route == ("GET", "admin/faults"):
-            self._json(200, {"faults": self.server.faults.view()})
-        elif route == ("POST", "admin/stop"):
-            self.server.flags.stop_instances = True
-            self.server.flags.stop = True
-            self._json(200, {"stopping": True})
-        else:
+        # `instances/<id>/terminate` is the one route with a parameter: match it by shape.
+        key = "instances/*/terminate" if len(parts) == 3 and parts[0] == "instances" \
+            and parts[2] == "terminate" else "/".join(parts)
+        handler = ROUTES.get((method, key))
+        if handler is None:
             self._json(404, {"error": f"no route {method} /{'/'.join(parts)}"})
+            return
+        self._json(200, handler(self, parts, q))
+
+    # ---- one function per route: (handler, path parts, query) -> JSON body ----------------
+    def _health(self, parts: list[str], q: dict[str, str]) -> Any:
+        return {"ok": True, "pid": os.getpid()}
+
+    def _time(self, parts: list[str], q: dict[str, str]) -> Any:
+        return time_json(self.server.market)
+
+    def _pools(self, parts: list[str], q: dict[str, str]) -> Any:
+        types = [t for t in q.get("instance_types", "").split(",") if t]
+        return {"pools": self.server.market.pools(types or None)}
+
+    def _instances(self, parts: list[str], q: dict[str, str]) -> Any:
+        ids = q["ids"].split(",") if q.get("ids") else None
+        recs = self.server.market.describe(job_id=q.get("job_id"), instance_ids=ids)
+        return {"instances": [record_json(r) for r in recs]}
+
+    def _launch_route(self, parts: list[str], q: dict[str, str]) -> Any:
+        if self.server.faults.hit("refused"):
+            raise LaunchRefused({"*": "InsufficientInstanceCapacity: injected fault"})
+        return {"instance": record_json(_launch(self.server.market, self._body()))}
+
+    def _terminate(self, parts: list[str], q: dict[str, str]) -> Any:
+        rec = self.server.market.terminate(parts[1])
+        return {"instance": record_json(rec) if rec else None}
+
+    def _price(self, parts: list[str], q: dict[str, str]) -> Any:
+        m = self.server.market
+        pos = m.clock.position(m.now_s())
+        return {"price_usd_per_hour": m.book.spot_price(q.get("instance_type", ""),
+                                                         q.get("zone", ""), pos)}
+
+    def _price_history(self, parts: list[str], q: dict[str, str]) -> Any:
+        return {"points": _history(self.server.market, q)}
+
+    def _status(self, parts: list[str], q: dict[str, str]) -> Any:
+        return status_json(self.server.market)
+
+    def _interrupt(self, parts: list[str], q: dict[str, str]) -> Any:
+        body = self._body()
+        rec = self.server.market.interrupt(str(body.get("instance_id", "")),
+                                           _num(body, "in_s", 0.0),
+                                           bool(body.get("notice", True)))
+        return {"instance": record_json(rec)}
+
+    def _set_faults(self, parts: list[str], q: dict[str, str]) -> Any:
+        return {"faults": self.server.faults.set(self._body())}
+
+    def _get_faults(self, parts: list[str], q: dict[str, str]) -> Any:
+        return {"faults": self.server.faults.view()}
+
+    def _stop(self, parts: list[str], q: dict[str, str]) -> Any:
+        self.server.flags.stop_instances = True
+        self.server.flags.stop = True
+        return {"stopping": True}
+
+
+# The market's HTTP API: (method, path) -> handler. IMDS paths are served by spotrun.market.imds.
+ROUTES: dict[tuple[str, str], Callable[[_Handler, list[str], dict[str, str]], Any]] = {
+    ("GET", "health"): _Handler._health,
+    ("GET", "time"): _Handler._time,
+    ("GET", "pools"): _Handler._pools,
+    ("GET", "instances"): _Handler._instances,
+    ("POST", "instances"): _Handler._launch_route,
+    ("POST", "instances/*/terminate"): _Handler._terminate,
+    ("GET", "prices"): _Handler._price,
+    ("GET", "price-history"): _Handler._price_history,
+    ("GET", "status"): _Handler._status,
+    ("POST", "admin/interrupt"): _Handler._interrupt,
+    ("POST", "admin/faults"): _Handler._set_faults,
+    ("GET", "admin/faults"): _Handler._get_faults,
+    ("POST", "admin/stop"): _Handler._stop,
+}
 
 
 def _num(body: dict[str, Any], key: str, default: float | None) -> float:
