@@ -2,31 +2,11 @@
 
 from __future__ import annotations
 
-import time
 from datetime import datetime, timezone
-from typing import Protocol
 
+from spotrun.clock import Clock, SystemClock
 
-class Clock(Protocol):
-    """Wall time (epoch seconds) for timestamps, monotonic time for intervals."""
-
-    def time(self) -> float:
-        """Seconds since the epoch."""
-
-    def monotonic(self) -> float:
-        """Seconds from an arbitrary start; never goes back."""
-
-
-class SystemClock:
-    """The real clocks."""
-
-    def time(self) -> float:
-        """time.time()."""
-        return time.time()
-
-    def monotonic(self) -> float:
-        """time.monotonic()."""
-        return time.monotonic()
+__all__ = ["Clock", "SystemClock", "iso", "parse_iso"]
 
 
 def iso(epoch_s: float) -> str:

@@ -3,30 +3,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
-from typing import Protocol
 
 import structlog
 from sqlalchemy.engine import Engine
 
+from spotrun.clock import Clock, SystemClock  # noqa: F401 (re-exported for the loops)
 from spotrun.config import Settings
 from spotrun.providers.base import Provider
 from spotrun.store.base import ObjectStore
-
-
-class Clock(Protocol):
-    """Wall clock, injectable in tests."""
-
-    def now(self) -> datetime:
-        """The current UTC time."""
-
-
-class SystemClock:
-    """The real wall clock."""
-
-    def now(self) -> datetime:
-        """The current UTC time."""
-        return datetime.now(timezone.utc)
 
 
 @dataclass

@@ -2,40 +2,15 @@
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Protocol
+
+from spotrun.clock import Clock, ManualClock, SystemClock
 
 
-class WallClock(Protocol):
-    """Anything with time() -> unix seconds (the `time` module, or a test's manual clock)."""
-
-    def time(self) -> float:
-        """Wall-clock unix seconds."""
-
-
-class SystemClock:
-    """The real wall clock."""
-
-    def time(self) -> float:
-        """time.time()."""
-        return time.time()
-
-
-class ManualClock:
-    """A wall clock tests move by hand."""
-
-    def __init__(self, start_s: float = 1_700_000_000.0) -> None:
-        self.now_s = start_s
-
-    def time(self) -> float:
-        """The current manual time."""
-        return self.now_s
-
-    def advance(self, seconds: float) -> None:
-        """Move the clock forward."""
-        self.now_s += seconds
+# The market reads only the wall side of the one Clock (spotrun.clock).
+WallClock = Clock
+__all__ = ["Clock", "ManualClock", "MarketClock", "SystemClock", "WallClock", "aws_time", "to_dt"]
 
 
 @dataclass(frozen=True)
