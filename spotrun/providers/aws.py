@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 import re
-import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any, Callable
@@ -234,14 +233,22 @@ class AwsProvider:
         return (alive or found or [None])[0]
 
     def _wait_visible(self, instance_id: str) -> InstanceInfo:
-        # EC2 is eventually consistent: a just-launched id may not describe yet.
-        for attempt in range(8):
+        # EC2 is eventually consistent: a just-launched id may not describe yet. botocore's
+        # own waiter polls for it (once a second, a bounded number of times).
+        found = self.describe(instance_ids=[instance_id])
+        if not found:
+            try:
+                self.ec2.get_waiter("instance_exists").wait(
+                    InstanceIds=[instance_id], WaiterConfig={"Delay": 1, "MaxAttempts": 10})
+            except Exception as exc:  # noqa: BLE001 - WaiterError or a client error
+                raise ProviderError("launched instance not visible", field="instance_id",
+                                    value=instance_id,
+                                    hint="reconcile will find it by tag") from exc
             found = self.describe(instance_ids=[instance_id])
-            if found:
-                return found[0]
-            time.sleep(min(0.1 * 2 ** attempt, 2.0))
-        raise ProviderError("launched instance not visible", field="instance_id",
-                            value=instance_id, hint="reconcile will find it by tag")
+        if not found:
+            raise ProviderError("launched instance not visible", field="instance_id",
+                                value=instance_id, hint="reconcile will find it by tag")
+        return found[0]
 
     # ------------------------------------------------------------ describe / terminate
 

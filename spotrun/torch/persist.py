@@ -17,6 +17,9 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from tenacity import (RetryCallState, Retrying, retry_if_exception, stop_after_attempt,
+                      wait_exponential)
+
 from spotrun.checkpoints import Manifest, apply_retention
 from spotrun.errors import CheckpointError
 from spotrun.store.base import ObjectStore
@@ -126,23 +129,29 @@ class Persister:
         kwargs: dict[str, Any] = {"extra": extra, "cancel": self._cancel, "progress": self._progress}
         if self.shard_bytes:
             kwargs["shard_bytes"] = self.shard_bytes
-        for attempt in range(self.retries + 1):
-            out.tries = attempt + 1
-            try:
-                out.manifest = write_snapshot(self.store, snap, **kwargs)
-                out.error = None
-                break
-            except Abandoned:
-                out.abandoned = True
-                break
-            except Exception as exc:   # any store failure: OSError, StoreError, botocore
-                out.error = exc
-                log.warning("checkpoint step %d: persist try %d/%d failed: %s", snap.step,
-                            attempt + 1, self.retries + 1, exc)
-                # Event.wait, not sleep: an abandon cuts the back-off short.
-                if self._cancel.wait(self.backoff_s * 2 ** attempt):
-                    out.abandoned = True
-                    break
+        def one_try() -> Any:
+            out.tries += 1
+            return write_snapshot(self.store, snap, **kwargs)
+
+        def back_off(seconds: float) -> None:
+            # Event.wait, not sleep: an abandon cuts the back-off short.
+            if self._cancel.wait(seconds):
+                raise Abandoned("abandoned during the back-off")
+
+        def note(rs: RetryCallState) -> None:
+            log.warning("checkpoint step %d: persist try %d/%d failed: %s", snap.step,
+                        rs.attempt_number, self.retries + 1, rs.outcome.exception())
+
+        retrying = Retrying(stop=stop_after_attempt(self.retries + 1),
+                            wait=wait_exponential(multiplier=self.backoff_s),
+                            retry=retry_if_exception(lambda e: not isinstance(e, Abandoned)),
+                            sleep=back_off, after=note, reraise=True)
+        try:
+            out.manifest = retrying(one_try)
+        except Abandoned:
+            out.abandoned = True
+        except Exception as exc:   # any store failure: OSError, StoreError, botocore
+            out.error = exc
         if out.error is not None and not out.abandoned:
             self._failed(out)
         if out.manifest is not None:
