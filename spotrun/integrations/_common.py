@@ -226,3 +226,21 @@ class Progress:
 
 __all__ = ["MANIFEST", "Notice", "Progress", "download", "env_interval_s", "env_keep",
            "folder_files", "job_store", "newest_of_kind", "upload_files"]
+
+
+def note_save(cb: Any, step: int, where: str, t0: float) -> None:
+    """After a callback's save of `step`: remember it, honour a pending notice, report it.
+
+    `cb` is a framework callback with `uploaded_step`, `notice`, `emergency_steps` and
+    `progress` (the HF and Lightning callbacks).
+    """
+    cb.uploaded_step = step
+    cb._last_save_t = time.monotonic()
+    emergency_s = None
+    if cb.notice.pending and where != "end":
+        emergency_s = cb.notice.clear()
+        cb.emergency_steps.append((step, where))
+        # stdout: the agent ships it, so `spotrun logs` shows when the notice was honoured.
+        print(f"spotrun: emergency checkpoint at step {step} during {where} "
+              f"({emergency_s:.2f}s after the notice)", flush=True)
+    cb.progress.saved(step, time.monotonic() - t0, emergency_s)

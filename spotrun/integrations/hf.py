@@ -25,7 +25,7 @@ from transformers import TrainerCallback
 
 from spotrun.integrations._common import (Notice, Progress, download, env_interval_s,
                                           env_keep, folder_files, job_store, newest_of_kind,
-                                          upload_files)
+                                          note_save, upload_files)
 
 log = logging.getLogger("spotrun.integrations.hf")
 
@@ -117,16 +117,7 @@ class SpotrunCallback(TrainerCallback):
         if self.store is not None and state.is_world_process_zero and folder.is_dir():
             upload_files(self.store, step, folder_files(folder), KIND,
                          {"folder": folder.name}, keep=self.keep)
-        self.uploaded_step = step
-        self._last_save_t = time.monotonic()
-        emergency_s = None
-        if self.notice.pending and where != "end":
-            emergency_s = self.notice.clear()
-            self.emergency_steps.append((step, where))
-            # stdout: the agent ships it, so `spotrun logs` shows when the notice was honoured.
-            print(f"spotrun: emergency checkpoint at step {step} during {where} "
-                  f"({emergency_s:.2f}s after the notice)", flush=True)
-        self.progress.saved(step, time.monotonic() - t0, emergency_s)
+        note_save(self, step, where, t0)
 
 
 def resume_from_checkpoint(trainer: Any, *, uri: str | None = None) -> str | None:

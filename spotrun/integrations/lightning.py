@@ -35,7 +35,7 @@ except ImportError:   # the standalone package of the same code
     import pytorch_lightning as pl  # type: ignore[no-redef]
 
 from spotrun.integrations._common import (Notice, Progress, download, env_interval_s, env_keep,
-                                          job_store, newest_of_kind, upload_files)
+                                          job_store, newest_of_kind, note_save, upload_files)
 from spotrun.torch.rng import get_rng_state, set_rng_state
 
 log = logging.getLogger("spotrun.integrations.lightning")
@@ -216,16 +216,7 @@ class SpotrunCallback(pl.Callback):
         for old in self.dirpath.glob("step=*.ckpt"):   # the store keeps the history
             if old != path:
                 old.unlink(missing_ok=True)
-        self.uploaded_step = step
-        self._last_save_t = time.monotonic()
-        emergency_s = None
-        if self.notice.pending and where != "end":
-            emergency_s = self.notice.clear()
-            self.emergency_steps.append((step, where))
-            # stdout: the agent ships it, so `spotrun logs` shows when the notice was honoured.
-            print(f"spotrun: emergency checkpoint at step {step} during {where} "
-                  f"({emergency_s:.2f}s after the notice)", flush=True)
-        self.progress.saved(step, time.monotonic() - t0, emergency_s)
+        note_save(self, step, where, t0)
         return path
 
 
