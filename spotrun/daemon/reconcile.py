@@ -282,18 +282,18 @@ def end_reason_of(report: dict | None, info: InstanceInfo, att: Attempt,
     """Why an attempt ended, from the evidence in order (see the module docstring)."""
     reclaimed = info.cause is TerminationCause.SPOT_RECLAIM
     if report is not None:
-        name = str(report.get("reason", ""))
+        outcome = str(report.get("reason", ""))
         detail = f"exit code {report.get('exit_code')}"
         if report.get("message"):
             detail += f": {report['message']}"
-        if name == "completed" and report.get("exit_code") not in (0, None):
-            name = "error"
-        if name in _DECIDED:
+        if outcome == "completed" and report.get("exit_code") not in (0, None):
+            outcome = "error"
+        if outcome in _DECIDED:
             if reclaimed:
                 detail += "; the instance was then reclaimed by the provider"
-            return _EXIT_REASONS[name], detail
+            return _EXIT_REASONS[outcome], detail
         if not reclaimed:
-            return _EXIT_REASONS.get(name, EndReason.ERROR), detail
+            return _EXIT_REASONS.get(outcome, EndReason.ERROR), detail
     if reclaimed:
         return EndReason.RECLAIMED, "spot instance reclaimed by the provider"
     if att.state is AttemptState.TERMINATING:
