@@ -171,3 +171,24 @@ def test_a_notice_written_before_the_callback_existed_is_seen(tmp_path):
     assert not notice.pending              # the same write is one notice, not a stream
     fresh = Notice(install=False, notice_file=str(tmp_path / "none.json"))
     assert not fresh.pending
+
+
+def test_pull_on_a_fresh_home_writes_nothing(tmp_home: Path):
+    out = CliRunner().invoke(cli, ["pull", "no-such-job"])
+    assert out.exit_code == 2 and "Traceback" not in out.output
+    assert sorted(p.name for p in tmp_home.iterdir()) == []    # no database was created
+
+
+def test_pull_outputs_reports_bytes_as_they_arrive(tmp_path: Path):
+    from spotrun.cli.pull import pull_outputs
+    store = FileStore(tmp_path / "store")
+    job = tmp_path / "job"
+    job.mkdir()
+    (job / "big.bin").write_bytes(b"x" * 300_000)
+    OutputUploader(store, "j1", 1, job, ["*.bin"]).upload("exit")
+    seen: list[tuple[str, int, int]] = []
+    got = pull_outputs(store, "j1", tmp_path / "dest",
+                       progress=lambda rel, done, total: seen.append((rel, done, total)))
+    assert [o["path"] for o in got] == ["big.bin"]
+    assert seen and seen[-1] == ("big.bin", 300_000, 300_000)
+    assert (tmp_path / "dest" / "big.bin").read_bytes() == b"x" * 300_000

@@ -15,9 +15,10 @@ from typing import Any
 import click
 
 from spotrun import layout
-from spotrun.cli.common import echo_json, get_settings, json_option
-from spotrun.db import find_job, open_db, session
-from spotrun.errors import ChecksumMismatch, NotFoundError, SpotrunError, StoreError
+from spotrun.cli.common import echo_json, get_settings, json_option, open_state_db
+from spotrun.db import find_job, session
+from spotrun.errors import (BadInputError, ChecksumMismatch, NotFoundError, SpotrunError,
+                            StoreError)
 from spotrun.store import open_store
 from spotrun.store.base import ObjectStore
 
@@ -39,8 +40,12 @@ def _sha(path: Path) -> str:
     return h.hexdigest()
 
 
-def pull_outputs(store: ObjectStore, job_id: str, dest: Path) -> list[dict[str, Any]]:
-    """Download every file outputs.json lists into dest, SHA256-checked; what was written."""
+def pull_outputs(store: ObjectStore, job_id: str, dest: Path,
+                 progress: Any = None) -> list[dict[str, Any]]:
+    """Download every file outputs.json lists into dest, SHA256-checked; what was written.
+
+    `progress(rel, done, total)`, when given, hears every file's bytes as they arrive.
+    """
     key = layout.outputs_index_key(job_id)
     if not store.exists(key):
         return []
@@ -49,7 +54,8 @@ def pull_outputs(store: ObjectStore, job_id: str, dest: Path) -> list[dict[str, 
     for rel, meta in sorted(files.items()):
         rel = _safe_rel(rel)
         target = dest / rel
-        store.get_file(f"{layout.outputs_prefix(job_id)}/{rel}", target)
+        store.get_file(f"{layout.outputs_prefix(job_id)}/{rel}", target,
+                       progress=(lambda d, t, rel=rel: progress(rel, d, t)) if progress else None)
         if _sha(target) != meta.get("sha256"):
             raise ChecksumMismatch("sha256 differs from outputs.json", field="outputs", value=rel)
         out.append({"path": rel, "size": meta.get("size"), "attempt": meta.get("attempt")})
@@ -74,6 +80,25 @@ def pull_checkpoint(checkpoint_store: ObjectStore, dest: Path) -> dict[str, Any]
     return info
 
 
+def _pull_with_progress(store: ObjectStore, job_id: str, dest: Path, *,
+                        show: bool) -> list[dict[str, Any]]:
+    """pull_outputs with a rich progress bar on a terminal (large files take a while)."""
+    from rich.console import Console
+    console = Console(stderr=True)
+    if not show or not console.is_terminal:
+        return pull_outputs(store, job_id, dest)
+    from rich.progress import BarColumn, DownloadColumn, Progress, TransferSpeedColumn
+    with Progress("[progress.description]{task.description}", BarColumn(), DownloadColumn(),
+                  TransferSpeedColumn(), console=console, transient=True) as bar:
+        tasks: dict[str, Any] = {}
+
+        def on_bytes(rel: str, done: int, total: int) -> None:
+            if rel not in tasks:
+                tasks[rel] = bar.add_task(rel, total=total or None)
+            bar.update(tasks[rel], completed=done)
+        return pull_outputs(store, job_id, dest, progress=on_bytes)
+
+
 @click.command()
 @click.argument("job_ref")
 @click.option("--to", "to_dir", type=click.Path(file_okay=False), default=None,
@@ -89,7 +114,7 @@ def pull(job_ref: str, to_dir: str | None, no_checkpoint: bool, as_json: bool) -
     weights_only=True)`), plus `model.safetensors` where safetensors is installed.
     """
     settings = get_settings()
-    engine = open_db(settings.database_url)
+    engine = open_state_db(settings, job_ref)
     with session(engine) as s:
         job = find_job(s, job_ref)
         if job is None:
@@ -97,9 +122,9 @@ def pull(job_ref: str, to_dir: str | None, no_checkpoint: bool, as_json: bool) -
         job_id, store_uri, ckpt_uri, state = job.id, job.store_uri, job.checkpoint_uri, job.state
     dest = Path(to_dir) if to_dir else Path.cwd() / job_id
     if dest.exists() and not dest.is_dir():
-        raise NotFoundError("not a folder", field="--to", value=str(dest))
+        raise BadInputError("must be a folder (it is a file)", field="--to", value=str(dest))
     dest.mkdir(parents=True, exist_ok=True)
-    outputs = pull_outputs(open_store(store_uri), job_id, dest)
+    outputs = _pull_with_progress(open_store(store_uri), job_id, dest, show=not as_json)
     checkpoint = None if no_checkpoint else pull_checkpoint(open_store(ckpt_uri), dest)
     if not outputs and checkpoint is None:
         raise SpotrunError("nothing to pull yet: no outputs and no checkpoint", field="JOB",
