@@ -58,12 +58,6 @@ def submit(spec_file: str, dry_run: bool, as_json: bool) -> None:
         click.echo(job.id)
 
 
-def job_dict(job: Job, attempts: list[Attempt]) -> dict[str, Any]:
-    """The `status --json` view of one job (kept for callers; see spotrun.ui.views)."""
-    from spotrun.ui.views import job_dict as view
-    return view(job, attempts)
-
-
 @click.command()
 @click.argument("job_ref", required=False)
 @click.option("--events", "show_events", is_flag=True, help="Also list the job's events.")
@@ -280,4 +274,4 @@ def resume(job_ref: str, budget_usd: float | None, as_json: bool) -> None:
                                                  if job.budget_usd else ""))
 
 
-__all__ = ["submit", "status", "logs", "cancel", "resume", "job_dict"]
+__all__ = ["submit", "status", "logs", "cancel", "resume"]

@@ -63,9 +63,11 @@ def gpu_speed(catalog: Catalog, itype: InstanceType, precision: str) -> float:
 
 
 def instance_speed(catalog: Catalog, itype: InstanceType, *, precision: str, sharding: str,
-                   scaling: ScalingCurve) -> float:
-    """Whole-instance throughput in V100 units: per-GPU speed x scaling(GPUs) x interconnect."""
-    speed = gpu_speed(catalog, itype, precision) * scaling(itype.gpus)
-    if sharding == "fsdp" and itype.gpus > 1 and itype.extra.get("interconnect") == "pcie":
+                   scaling: ScalingCurve, gpus: int | None = None) -> float:
+    """Throughput in V100 units of `gpus` GPUs of the type (default all): per-GPU speed x
+    scaling(GPUs) x interconnect."""
+    n = itype.gpus if gpus is None else gpus
+    speed = gpu_speed(catalog, itype, precision) * scaling(n)
+    if sharding == "fsdp" and n > 1 and itype.extra.get("interconnect") == "pcie":
         speed *= float(catalog.meta.get("sharded_pcie_factor", 1.0))
     return speed

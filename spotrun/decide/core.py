@@ -19,7 +19,7 @@ from typing import Any
 from spotrun.catalog import Catalog
 from spotrun.costmodel.history import HistorySource
 from spotrun.decide.market import MarketSnapshot
-from spotrun.decide.rank import NOW, Candidate, Ranking, Rejection, rank
+from spotrun.decide.rank import NOW, Candidate, Ranking, rank
 from spotrun.spec import JobSpec
 from spotrun.states import Market, MarketPolicy
 
@@ -49,15 +49,11 @@ class Placement:
         return list(self.candidates) + [c for c in self.ranking.candidates
                                         if (c.instance_type, c.zone, c.market) not in keys]
 
-    def checkpoint_interval_wall_s(self, c: Candidate | None = None) -> float | None:
-        """The first candidate's checkpoint interval in wall seconds (what the agent uses)."""
-        c = c or self.first
-        return None if c is None else c.checkpoint_interval_s / max(self.time_scale, 1e-9)
-
     def candidate_dict(self, c: Candidate) -> dict[str, Any]:
         """A candidate's JSON row, with its checkpoint interval on both clocks."""
         d = c.to_dict()
-        d["checkpoint_interval_wall_s"] = round(c.checkpoint_interval_s / self.time_scale, 3)
+        d["checkpoint_interval_wall_s"] = round(c.checkpoint_interval_s
+                                                / max(self.time_scale, 1e-9), 3)
         return d
 
     def to_dict(self) -> dict[str, Any]:
@@ -83,36 +79,32 @@ def hours_left(deadline_iso: str | None, now: datetime) -> float | None:
 
 def decide(spec: JobSpec, *, catalog: Catalog, market: MarketSnapshot, history: HistorySource,
            hours_left: float | None, time_scale: float = 1.0, job_id: str | None = None,
-           steps_done: int = 0, risk: Any = None, exclude: set[str] | frozenset = frozenset()
-           ) -> Placement:
+           steps_done: int = 0, risk: Any = None) -> Placement:
     """The launch order for the job's next attempt, and why each other pool is not in it."""
     if risk is None:
         from spotrun.costmodel.risk import risk_model
         risk = risk_model(catalog)
     ranking = rank(spec, catalog=catalog, market=market, history=history, hours_left=hours_left,
                    job_id=job_id, steps_done=steps_done, risk=risk)
-    order = launch_order(ranking.candidates, spec, allow_on_demand=hours_left is not None,
-                         exclude=exclude)[:MAX_CANDIDATES]
+    order = launch_order(ranking.candidates, spec,
+                         allow_on_demand=hours_left is not None)[:MAX_CANDIDATES]
     wait = None if order else wait_reason(spec, ranking, market)
     return Placement(candidates=order, ranking=ranking, market=market, time_scale=time_scale,
                      wait_reason=wait, warnings=price_cap_warnings(spec, ranking, market))
 
 
-def launch_order(candidates: list[Candidate], spec: JobSpec, *, allow_on_demand: bool,
-                 exclude: set[str] | frozenset = frozenset()) -> list[Candidate]:
+def launch_order(candidates: list[Candidate], spec: JobSpec, *,
+                 allow_on_demand: bool) -> list[Candidate]:
     """The ranked candidates a launch may try, in order (pure).
 
     Without a deadline, `auto` waits for spot rather than paying on-demand; the deadline
-    policy decides when on-demand becomes the choice. `exclude` holds pool keys the provider
-    has just refused (type/zone/market).
+    policy decides when on-demand becomes the choice.
     """
     od_ok = spec.policy.market is MarketPolicy.ON_DEMAND or (
         spec.policy.market is MarketPolicy.AUTO and allow_on_demand)
     out: list[Candidate] = []
     od_types: set[str] = set()
     for c in candidates:
-        if f"{c.instance_type}/{c.zone}/{c.market.value}" in exclude:
-            continue
         if c.market is Market.SPOT:
             if spec.policy.market is MarketPolicy.ON_DEMAND:
                 continue
@@ -174,11 +166,3 @@ def fastest(ranking: Ranking) -> Candidate | None:
     rows = [c for c in ranking.candidates if c.expected_hours is not None
             and not math.isinf(c.expected_hours)]
     return min(rows, key=lambda c: c.expected_hours) if rows else None
-
-
-def rejection_lines(rejected: list[Rejection], limit: int = 12) -> list[str]:
-    """One line per rejected type (its first reason), for tables."""
-    seen: dict[str, str] = {}
-    for r in rejected:
-        seen.setdefault(r.instance_type, r.reason)
-    return [f"{t}: {why}" for t, why in list(seen.items())[:limit]]

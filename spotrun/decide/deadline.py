@@ -8,6 +8,7 @@ same pool first when the market has not changed in between.
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from datetime import datetime
 from typing import Any
 
@@ -100,7 +101,6 @@ def policy_target(decision: Decision, itype: str, mine: list[Candidate]) -> Cand
         raise SpotrunError("the cost model offers no pool of this type", field="instance_type",
                            value=itype)
     if figures.market is not market or figures.zone != zone:
-        from dataclasses import replace
         figures = replace(figures, market=market, zone=zone)
     return figures
 

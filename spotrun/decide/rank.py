@@ -17,7 +17,7 @@ from spotrun.costmodel.history import HistorySource, JobStats, PoolStats
 from spotrun.costmodel.memory import checkpoint_gb, memory_reason
 from spotrun.costmodel.model import expected, progress_fraction, recommended_interval_s
 from spotrun.costmodel.priors import Priors, priors_from_catalog
-from spotrun.costmodel.speed import ScalingCurve, default_scaling, gpu_speed
+from spotrun.costmodel.speed import ScalingCurve, default_scaling, instance_speed
 from spotrun.decide.market import MarketSnapshot
 from spotrun.spec import JobSpec
 from spotrun.states import Market, MarketPolicy
@@ -137,10 +137,8 @@ def rank(spec: JobSpec, *, catalog: Catalog, market: MarketSnapshot, history: Hi
     ref_gpus = min(spec.resources.gpus, ref_type.gpus)
 
     def speed_of(t: InstanceType, g: int) -> float:
-        speed = gpu_speed(catalog, t, spec.model.precision) * scaling(g)
-        if spec.model.sharding == "fsdp" and g > 1 and t.extra.get("interconnect") == "pcie":
-            speed *= float(catalog.meta.get("sharded_pcie_factor", 1.0))
-        return speed
+        return instance_speed(catalog, t, precision=spec.model.precision,
+                              sharding=spec.model.sharding, scaling=scaling, gpus=g)
 
     ref_speed = speed_of(ref_type, ref_gpus)
     sps_ref = _sps_reference(catalog, job, ref_name, lambda t: speed_of(t, ref_gpus) / ref_speed)
