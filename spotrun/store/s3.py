@@ -109,7 +109,8 @@ class S3Store:
 
     def _put_file(self, key: str, full: str, src: Path, progress: ProgressFn | None) -> str:
         from boto3.s3.transfer import TransferConfig
-        total = src.stat().st_size
+        before = src.stat()
+        total = before.st_size
         digest = _file_sha(src)
         config = TransferConfig(multipart_threshold=max(self.multipart_threshold, MIN_PART_SIZE),
                                 multipart_chunksize=self.part_size,
@@ -120,7 +121,10 @@ class S3Store:
                    Bucket=self.bucket, Key=full,
                    ExtraArgs={"ChecksumAlgorithm": "SHA256", "Metadata": {META_SHA: digest}},
                    Config=config, Callback=_Progress(progress, total) if progress else None)
-        if _file_sha(src) != digest:
+        # A write during the upload moves the file's size or mtime: a stat, not a second read
+        # of what may be gigabytes.
+        after = src.stat()
+        if (after.st_size, after.st_mtime_ns) != (before.st_size, before.st_mtime_ns):
             raise ChecksumMismatch("file changed while uploading", field="path", value=str(src))
         self._check_written(key, total, digest)
         if progress and total == 0:
