@@ -7,7 +7,9 @@ import os
 import signal
 import subprocess
 import sys
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 from polling import wait_for
@@ -25,6 +27,31 @@ def reap_workloads():
     yield
     while STARTED:
         kill(STARTED.pop())
+
+
+@contextmanager
+def local_rig(home: Path, tmp: Path, workload: str, spec_body: str) -> Iterator[tuple]:
+    """Daemon + local market (capacity in two zones) with a tests/workloads/ script as the
+    job's code; yields (ctx, runner, spec path) and stops both afterwards."""
+    from conftest import kill_leftovers, write_trace
+    from spotrun.config import load_settings
+    from spotrun.daemon.app import build_context, build_runner
+    from test_e2e_local import TOML
+    trace = write_trace(tmp / "trace.csv", {"zone-a": [1] * 50, "zone-b": [1] * 50},
+                        tick_s=600.0)
+    (home / "spotrun.toml").write_text(TOML.format(trace=trace))
+    code = tmp / "code"
+    code.mkdir()
+    (code / workload).write_text((WORKLOADS / workload).read_text())
+    spec = tmp / "job.yaml"
+    spec.write_text(spec_body)
+    ctx = build_context(load_settings(str(home)))
+    runner = build_runner(ctx)
+    try:
+        yield ctx, runner, spec
+    finally:
+        runner.stop(wait=True)
+        kill_leftovers(home / "market")
 
 
 def clean_env(**extra: str) -> dict[str, str]:

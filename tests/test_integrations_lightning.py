@@ -16,7 +16,7 @@ import pytest
 pytest.importorskip("lightning")
 
 from integration_helpers import (  # noqa: E402
-    WORKLOADS, clean_env, final_sha, finish, notice_and_kill, start, steps_in_store,
+    clean_env, final_sha, finish, local_rig, notice_and_kill, start, steps_in_store,
     reap_workloads)  # noqa: F401 (autouse fixture)
 
 pytestmark = pytest.mark.slow
@@ -70,27 +70,15 @@ def test_lightning_resumes_bitwise_after_notice_in_validation_and_in_training(tm
 def test_lightning_job_through_reclaims_on_the_local_provider(tmp_home: Path, tmp_path: Path):
     """Daemon + local market + agents + real Lightning: a notice during validation, then one
     between steps; the final weights equal an uninterrupted run's."""
-    from conftest import kill_leftovers, write_trace
-    from spotrun.config import load_settings
-    from spotrun.daemon.app import build_context, build_runner
     from spotrun.db import attempts_of, session
     from spotrun.jobs import submit, validate_submission
     from spotrun.states import EndReason, JobState
-    from test_e2e_local import TOML, finished, job_log, running_attempt
+    from test_e2e_local import finished, job_log, running_attempt
 
-    trace = write_trace(tmp_path / "trace.csv", {"zone-a": [1] * 50, "zone-b": [1] * 50},
-                        tick_s=600.0)
-    (tmp_home / "spotrun.toml").write_text(TOML.format(trace=trace))
-    code = tmp_path / "code"
-    code.mkdir()
-    (code / "lightning_train.py").write_text((WORKLOADS / "lightning_train.py").read_text())
-    spec = tmp_path / "job.yaml"
-    spec.write_text("name: lit\ncommand: python lightning_train.py --steps 40\nworkdir: code\n"
-                    "work: {total_steps: 40}\npolicy: {market: spot}\n"
-                    "env: {WORKLOAD_GATE_STEP: '1:10', WORKLOAD_TRAIN_GATE_STEP: '2:17'}\n")
-    ctx = build_context(load_settings(str(tmp_home)))
-    runner = build_runner(ctx)
-    try:
+    spec_body = ("name: lit\ncommand: python lightning_train.py --steps 40\nworkdir: code\n"
+                 "work: {total_steps: 40}\npolicy: {market: spot}\n"
+                 "env: {WORKLOAD_GATE_STEP: '1:10', WORKLOAD_TRAIN_GATE_STEP: '2:17'}\n")
+    with local_rig(tmp_home, tmp_path, "lightning_train.py", spec_body) as (ctx, runner, spec):
         job = submit(validate_submission(spec, ctx.settings), ctx.engine)
         ref_proc = start("lightning_train.py", tmp_path / "ref", clean_env())
         runner.start()
@@ -98,9 +86,6 @@ def test_lightning_job_through_reclaims_on_the_local_provider(tmp_home: Path, tm
             att = running_attempt(ctx, job.id, number, min_progress=step)
             ctx.provider.client.interrupt(att.instance_id, in_s=120.0, notice=True)
         done = finished(ctx, job.id)
-    finally:
-        runner.stop(wait=True)
-        kill_leftovers(tmp_home / "market")
     assert done.state is JobState.SUCCEEDED, done.reason
     with session(ctx.engine) as s:
         atts = attempts_of(s, job.id)

@@ -20,16 +20,13 @@ pytest.importorskip("transformers")
 from click.testing import CliRunner  # noqa: E402,F401
 
 from spotrun.cli import cli  # noqa: E402
-from spotrun.config import load_settings  # noqa: E402
-from spotrun.daemon.app import build_context, build_runner  # noqa: E402
 from spotrun.db import attempts_of, session  # noqa: E402
 from spotrun.jobs import submit, validate_submission  # noqa: E402
 from spotrun.states import EndReason, JobState  # noqa: E402
 
-from conftest import kill_leftovers, write_trace  # noqa: E402
 from integration_helpers import (  # noqa: E402
-    WORKLOADS, clean_env, final_sha, finish, start, reap_workloads)  # noqa: F401 (autouse fixture)
-from test_e2e_local import TOML, finished, job_log, running_attempt  # noqa: E402
+    clean_env, final_sha, finish, local_rig, start, reap_workloads)  # noqa: F401 (autouse fixture)
+from test_e2e_local import finished, job_log, running_attempt  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -54,22 +51,12 @@ print(h.hexdigest())
 @pytest.fixture
 def e2e(tmp_home: Path, tmp_path: Path):
     """A daemon on a market that always has capacity; the HF workload as the job."""
-    trace = write_trace(tmp_path / "trace.csv", {"zone-a": [1] * 50, "zone-b": [1] * 50},
-                        tick_s=600.0)
-    (tmp_home / "spotrun.toml").write_text(TOML.format(trace=trace))
-    code = tmp_path / "code"
-    code.mkdir()
-    (code / "hf_train.py").write_text((WORKLOADS / "hf_train.py").read_text())
-    spec = tmp_path / "job.yaml"
-    spec.write_text("name: hf\ncommand: python hf_train.py --steps 40\nworkdir: code\n"
-                    "work: {total_steps: 40}\npolicy: {market: spot}\n"
-                    "env: {WORKLOAD_GATE_STEP: '1:10', WORKLOAD_TRAIN_GATE_STEP: '2:17'}\n"
-                    "outputs: [outputs, 'out/*/trainer_state.json']\n")
-    ctx = build_context(load_settings(str(tmp_home)))
-    runner = build_runner(ctx)
-    yield ctx, runner, spec
-    runner.stop(wait=True)
-    kill_leftovers(tmp_home / "market")
+    with local_rig(tmp_home, tmp_path, "hf_train.py",
+                   "name: hf\ncommand: python hf_train.py --steps 40\nworkdir: code\n"
+                   "work: {total_steps: 40}\npolicy: {market: spot}\n"
+                   "env: {WORKLOAD_GATE_STEP: '1:10', WORKLOAD_TRAIN_GATE_STEP: '2:17'}\n"
+                   "outputs: [outputs, 'out/*/trainer_state.json']\n") as rig:
+        yield rig
 
 
 def test_hf_job_through_reclaims_and_pull_round_trip(e2e, tmp_path: Path):
