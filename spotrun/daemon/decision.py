@@ -1,8 +1,8 @@
 """The daemon's call into the one decision (spotrun.decide), with its live inputs.
 
-The market snapshot comes from the provider, the history from the state database, the
-deadline from the job row (fixed once on the provider's clock) and pools that just refused a
-launch are left out; everything else is `decide` itself.
+The market snapshot and the reclaim-risk hints come from the provider, the history from the
+state database, the deadline from the job row (fixed once on the provider's clock);
+everything else is `decide` itself.
 """
 
 from __future__ import annotations

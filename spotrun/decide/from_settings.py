@@ -8,7 +8,6 @@ first candidate they print is what the daemon launches first when the market hol
 from __future__ import annotations
 
 from datetime import datetime, timezone
-from pathlib import Path
 from typing import Any
 
 from spotrun.catalog import Catalog
@@ -25,11 +24,10 @@ from spotrun.spec import JobSpec
 
 def history(settings: Settings) -> HistorySource:
     """The state database's history when there is one; reading never creates it."""
-    url = settings.database_url
-    if url.startswith("sqlite:///") and not Path(url[len("sqlite:///"):]).exists():
+    from spotrun.db import database_missing, make_engine
+    if database_missing(settings):
         return NoHistory()
-    from spotrun.db import make_engine
-    return DbHistory(make_engine(url))
+    return DbHistory(make_engine(settings.database_url))
 
 
 def live_market(settings: Settings, catalog: Catalog, zones: list[str] | None
