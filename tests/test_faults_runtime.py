@@ -116,11 +116,17 @@ def test_reclaim_after_the_exit_report_does_not_rerun_the_job(home, daemon, tmp_
     client = start_market(home, instance_command=hold_command(tmp_path))
     job_id = submit_job(home, write_job(tmp_path, "done", steps=30))
     ctx, runner = daemon()
+    iid = wait_for(lambda: (a := _attempts(ctx, job_id)) and a[0].instance_id, 60, "the launch")
+    # The daemon stops before it can see the exit report, so the reclaim surely lands before
+    # the daemon terminates the instance: the next daemon finds both, as a slow one would.
+    runner.stop(wait=True)
     wait_for(lambda: (exit_report(home, job_id, 1) or {}).get("reason") == "completed", 60,
              "the agent's exit report")
-    iid = _attempts(ctx, job_id)[0].instance_id
     assert any(r.instance_id == iid and not r.state.is_terminal() for r in market_records(home))
     client.interrupt(iid, 0.0)          # the reclaim lands before the instance is gone
+    wait_for(lambda: any(r.instance_id == iid and r.state.is_terminal()
+                         for r in market_records(home)), 60, "the reclaim")
+    ctx, runner = daemon()
     job = wait_for(lambda: ((j := _job(ctx, job_id)).state.is_terminal()
                             or len(_attempts(ctx, job_id)) > 1) and j, 60, "the job to settle")
     wait_for(lambda: all_booked(ctx.engine), 30, "the attempt to be booked")
