@@ -36,6 +36,7 @@ class Resources:
     instance_types: tuple[str, ...] = ()
     zones: tuple[str, ...] = ()
     gpus_max: int | None = None     # a range "MIN-MAX": the plan picks the count per type
+    nodes_min: int | None = None    # elastic "MIN-MAX": nodes is MAX (launched), MIN keeps running
 
     def gpu_counts(self, node_gpus: int) -> list[int]:
         """The GPU counts per node the job may use on a node with node_gpus GPUs."""
@@ -45,6 +46,15 @@ class Resources:
     def gpus_text(self) -> str:
         """`8`, or `1-8` for a range (as the spec says it)."""
         return f"{self.gpus}-{self.gpus_max}" if self.gpus_max else str(self.gpus)
+
+    def nodes_text(self) -> str:
+        """`2`, or `1-2` for an elastic range (as the spec says it)."""
+        return f"{self.nodes_min}-{self.nodes}" if self.nodes_min else str(self.nodes)
+
+    @property
+    def min_nodes(self) -> int:
+        """The fewest nodes the job runs on (all of them unless elastic)."""
+        return self.nodes_min or self.nodes
 
 
 @dataclass(frozen=True)
@@ -208,8 +218,10 @@ def parse_spec(raw: Any, *, base_dir: Path, instance_types: Iterable[str], zones
 
 def _resources(raw: Any, types: set[str], zones: set[str]) -> Resources:
     m = _mapping(raw, "resources", {"gpus", "nodes", "gpu_memory_gb", "instance_types", "zones"})
-    gpus, gpus_max = _gpus(m)
-    nodes = _int(m, "nodes", "resources", 1, 64, 1)
+    gpus, gpus_max = _count_or_range(m, "gpus")
+    nodes_min, nodes = _count_or_range(m, "nodes")
+    if nodes_min and not nodes:
+        nodes_min, nodes = None, nodes_min
     if nodes > MAX_MULTI_NODE:
         raise SpecError("multi-node jobs are not supported yet; allowed: 1", field="resources.nodes",
                         value=nodes, hint="run on one node with more GPUs per node")
@@ -226,26 +238,28 @@ def _resources(raw: Any, types: set[str], zones: set[str]) -> Resources:
             raise SpecError(f"unknown zone {z!r}; allowed: {', '.join(sorted(zones))}",
                             field=f"resources.zones[{i}]", value=z)
     return Resources(gpus=gpus, nodes=nodes, gpu_memory_gb=mem, instance_types=tuple(itypes),
-                     zones=tuple(zl), gpus_max=gpus_max)
+                     zones=tuple(zl), gpus_max=gpus_max, nodes_min=nodes_min)
 
 
-GPU_RANGE_RE = re.compile(r"^\s*(\d+)\s*-\s*(\d+)\s*$")
+COUNT_RANGE_RE = re.compile(r"^\s*(\d+)\s*-\s*(\d+)\s*$")
 
 
-def _gpus(m: dict[str, Any]) -> tuple[int, int | None]:
-    """resources.gpus: an integer 1-64 (exactly that many per node), or a range "MIN-MAX"."""
-    raw = m.get("gpus")
+def _count_or_range(m: dict[str, Any], key: str) -> tuple[int, int | None]:
+    """resources.gpus / resources.nodes: an integer 1-64, or a range "MIN-MAX" -> (MIN, MAX).
+
+    A plain integer N gives (N, None).
+    """
+    raw, path = m.get(key), f"resources.{key}"
     if isinstance(raw, str):
-        hit = GPU_RANGE_RE.match(raw)
+        hit = COUNT_RANGE_RE.match(raw)
         lo, hi = (int(hit.group(1)), int(hit.group(2))) if hit else (0, 0)
         if not hit or not 1 <= lo < hi <= 64:
             raise SpecError('allowed: an integer 1-64, or a range "MIN-MAX" with 1 <= MIN < MAX '
-                            '<= 64', field="resources.gpus", value=raw)
+                            '<= 64', field=path, value=raw)
         return lo, hi
     if raw is not None and (not isinstance(raw, int) or isinstance(raw, bool)
                             or not 1 <= raw <= 64):
-        raise SpecError('allowed: an integer 1-64, or a range "MIN-MAX"', field="resources.gpus",
-                        value=raw)
+        raise SpecError('allowed: an integer 1-64, or a range "MIN-MAX"', field=path, value=raw)
     return (1 if raw is None else raw), None
 
 
