@@ -1,42 +1,253 @@
-"""The job spec (YAML): parsing and per-field validation.
+"""The job spec (YAML): typed dataclasses, validated per field by pydantic.
 
-Every error names the dotted field path and what is allowed; nothing here writes.
+Every error names the dotted field path and what is allowed; nothing here writes. The
+dataclasses are the stored form too: `to_dict` writes it, `spec_from_dict` reads it back.
 """
 
 from __future__ import annotations
 
-import math
 import re
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Annotated, Any, ClassVar, Iterable, Literal, get_args
 
 import yaml
+from pydantic import AfterValidator, BeforeValidator, ConfigDict, Field, Strict, ValidationInfo
 
+from spotrun.contracts import adapter, fail, field_names, validate
 from spotrun.errors import SpecError
 from spotrun.states import MarketPolicy
 
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
 ENV_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 SECRET_RE = re.compile(r"^(env:[A-Za-z_][A-Za-z0-9_]*|ssm:/\S+|secretsmanager:\S+)$")
-PRECISIONS = ("fp32", "tf32", "fp16", "bf16", "fp8")
-OPTIMIZERS = ("adamw", "adam", "sgd", "adafactor", "lion")
-SHARDINGS = ("none", "fsdp")
+COUNT_RANGE_RE = re.compile(r"^\s*(\d+)\s*-\s*(\d+)\s*$")
+CHECKPOINT_URI_RE = re.compile(r"^(s3://[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9](/[^\s]*)?|file:///[^\s]*)$")
+Precision = Literal["fp32", "tf32", "fp16", "bf16", "fp8"]
+Optimizer = Literal["adamw", "adam", "sgd", "adafactor", "lion"]
+Sharding = Literal["none", "fsdp"]
+PRECISIONS, OPTIMIZERS, SHARDINGS = get_args(Precision), get_args(Optimizer), get_args(Sharding)
 MAX_MULTI_NODE = 1  # multi-node lands later; refuse with a clear message until then
+_STRICT = ConfigDict(extra="forbid")
 
+
+# ---------------------------------------------------------------- validators
+
+def _ctx(info: ValidationInfo) -> dict[str, Any] | None:
+    """The submit-time context (catalog, zones, base_dir, now); None for a stored spec."""
+    return info.context
+
+
+def _catalog_type(value: str, info: ValidationInfo) -> str:
+    types = (_ctx(info) or {}).get("types")
+    if types is not None and value not in types:
+        raise fail(f"unknown instance type {value!r}; allowed: a catalog type such as "
+                   f"{', '.join(sorted(types)[:4])}, ...")
+    return value
+
+
+def _zone(value: str, info: ValidationInfo) -> str:
+    zones = (_ctx(info) or {}).get("zones")
+    if zones is not None and value not in zones:
+        raise fail(f"unknown zone {value!r}; allowed: {', '.join(sorted(zones))}")
+    return value
+
+
+def _reference(value: str, info: ValidationInfo) -> str:
+    types = (_ctx(info) or {}).get("types")
+    if types is not None and value not in types:
+        raise fail("must be an instance type in the catalog")
+    return value
+
+
+def _workdir(value: str, info: ValidationInfo) -> str:
+    ctx = _ctx(info)
+    if ctx is None:
+        return value
+    path = (ctx["base_dir"] / value).resolve()
+    if not path.is_dir():
+        raise fail(f"must be an existing directory; {path} is "
+                   f"{'a file' if path.exists() else 'missing'}")
+    return str(path)
+
+
+def _str_list(raw: Any) -> Any:
+    """None is empty; else a list of non-empty strings (a tuple when rebuilt in code)."""
+    if raw is None:
+        return ()
+    if not isinstance(raw, (list, tuple)) or not all(isinstance(x, str) and x for x in raw):
+        raise fail("allowed: a list of strings")
+    return tuple(raw)
+
+
+def _relative(value: str) -> str:
+    parts = value.replace("\\", "/").split("/")
+    if value.startswith(("/", "~")) or ".." in parts:
+        raise fail("allowed: paths or globs relative to the job's directory, no '..'")
+    return value
+
+
+def _checkpoint_uri(value: str) -> str:
+    if not CHECKPOINT_URI_RE.match(value):
+        raise fail("allowed: s3://bucket/prefix or file:///absolute/path")
+    if ".." in value.split("/"):
+        raise fail("must not contain '..'")
+    return value
+
+
+def _env_in(raw: Any) -> Any:
+    # YAML reads `A: 3` as a number and `A: yes` as true; the process sees strings.
+    for key, value in (raw.items() if isinstance(raw, dict) else ()):
+        if isinstance(value, (bool, int, float)):
+            raise fail(f"allowed: a string (quote it: {key}: '{value}')", key)
+    return {} if raw is None else raw
+
+
+def _empty_if_none(raw: Any) -> Any:
+    return {} if raw is None else raw
+
+
+def _auto(raw: Any) -> Any:
+    return None if raw == "auto" else raw
+
+
+# ---------------------------------------------------------------- field types
+
+Positive = Annotated[float, Strict(), Field(gt=0, allow_inf_nan=False,
+                                            description="a number > 0")]
+Count = Annotated[int, Strict(), Field(ge=1, le=64, description=(
+    'an integer 1-64, or a range "MIN-MAX"'))]
+EnvKey = Annotated[str, Strict(), Field(pattern=ENV_KEY_RE.pattern)]
+Name = Annotated[str, Strict(), Field(pattern=NAME_RE.pattern, description=(
+    "^[a-z0-9][a-z0-9-]{0,62}$ (lower-case letters, digits, '-')"))]
+Command = Annotated[str, Strict(), Field(pattern=r"\S", description="a non-empty string")]
+Workdir = Annotated[str, Strict(), Field(min_length=1, description="a path string"),
+                    AfterValidator(_workdir)]
+Env = Annotated[dict[EnvKey, Annotated[str, Strict()]], BeforeValidator(_env_in),
+                Field(description="a string (quote numbers and yes/no)")]
+Secrets = Annotated[
+    dict[EnvKey, Annotated[str, Strict(), Field(pattern=SECRET_RE.pattern)]],
+    BeforeValidator(_empty_if_none),
+    Field(description="env:NAME, ssm:/path or secretsmanager:NAME")]
+InstanceTypes = Annotated[tuple[Annotated[str, AfterValidator(_catalog_type)], ...],
+                          BeforeValidator(_str_list)]
+Zones = Annotated[tuple[Annotated[str, AfterValidator(_zone)], ...], BeforeValidator(_str_list)]
+Outputs = Annotated[tuple[Annotated[str, AfterValidator(_relative)], ...],
+                    BeforeValidator(_str_list)]
+
+
+def _count_range(raw: str, key: str) -> tuple[int, int]:
+    """resources.gpus / resources.nodes given as "MIN-MAX"."""
+    hit = COUNT_RANGE_RE.match(raw)
+    lo, hi = (int(hit.group(1)), int(hit.group(2))) if hit else (0, 0)
+    if not 1 <= lo < hi <= 64:
+        raise fail('allowed: an integer 1-64, or a range "MIN-MAX" with 1 <= MIN < MAX <= 64',
+                   key)
+    return lo, hi
+
+
+def _resources_in(raw: Any, info: ValidationInfo) -> Any:
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        return raw
+    m = dict(raw)
+    for key in Resources._stored_only if _ctx(info) is not None else ():
+        if key in m:   # the stored form of a range: the spec says "MIN-MAX"
+            raise fail(f"unknown field; allowed here: {', '.join(field_names(Resources))}", key)
+    if isinstance(m.get("gpus"), str):
+        m["gpus"], m["gpus_max"] = _count_range(m["gpus"], "gpus")
+    if isinstance(m.get("nodes"), str):
+        m["nodes_min"], m["nodes"] = _count_range(m["nodes"], "nodes")
+    return m
+
+
+def _model_in(raw: Any) -> Any:
+    if isinstance(raw, dict) and raw and "params_billion" not in raw:
+        raise fail("is required when model is given; allowed: a number > 0", "params_billion")
+    return {} if raw is None else raw
+
+
+_SCALING = dict[Annotated[int, Strict(), Field(ge=1, le=1024)],
+                Annotated[float, Strict(), Field(gt=0, allow_inf_nan=False)]]
+
+
+def _scaling_in(raw: Any, info: ValidationInfo) -> Any:
+    """work.scaling: {gpus: speedup over one GPU}, stored as sorted ((gpus, speedup), ...)."""
+    if raw is None:
+        return ()
+    if isinstance(raw, (list, tuple)) and _ctx(info) is None:
+        return tuple((int(n), float(v)) for n, v in raw)
+    try:
+        if not isinstance(raw, dict) or not raw:
+            raise ValueError(raw)
+        return tuple(sorted(adapter(_SCALING).validate_python(raw).items()))
+    except ValueError:
+        raise fail("allowed: a mapping {gpus 1-1024: speedup > 0}, e.g. {1: 1.0, 8: 6.5}") \
+            from None
+
+
+def _work_pairs(work: WorkSpec) -> WorkSpec:
+    if (work.reference_hours is None) != (work.reference_instance is None):
+        missing = "reference_instance" if work.reference_instance is None else "reference_hours"
+        raise fail("reference_hours and reference_instance go together", missing)
+    return work
+
+
+def _policy_in(raw: Any, info: ValidationInfo) -> Any:
+    """deadline_hours becomes deadline; a deadline given at submit must be in the future."""
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        return raw
+    m, ctx = dict(raw), _ctx(info)
+    if "deadline" in m and "deadline_hours" in m:
+        raise fail("give deadline or deadline_hours, not both", "deadline")
+    now = (ctx or {}).get("now") or datetime.now(timezone.utc)
+    if "deadline_hours" in m:
+        try:
+            hours = adapter(Positive).validate_python(m.pop("deadline_hours"))
+        except ValueError:
+            raise fail("allowed: a number > 0", "deadline_hours") from None
+        m["deadline"] = (now + timedelta(hours=hours)).astimezone(timezone.utc).isoformat()
+    elif ctx is not None and "deadline" in m:
+        m["deadline"] = _future(m["deadline"], now)
+    return m
+
+
+def _future(raw: Any, now: datetime) -> str:
+    when = raw if isinstance(raw, datetime) else None
+    if isinstance(raw, str):
+        try:
+            when = datetime.fromisoformat(raw.replace("Z", "+00:00"))
+        except ValueError:
+            when = None
+    if when is None:
+        raise fail("allowed: an ISO-8601 time such as 2030-01-31T12:00:00Z", "deadline")
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=timezone.utc)
+    if when <= now:
+        raise fail("is in the past; allowed: a time in the future", "deadline")
+    return when.astimezone(timezone.utc).isoformat()
+
+
+# ---------------------------------------------------------------- the spec
 
 @dataclass(frozen=True)
 class Resources:
     """What each node needs, and where it may run."""
 
-    gpus: int = 1                   # GPUs used per node: exactly this many (the range's low end)
-    nodes: int = 1
-    gpu_memory_gb: float | None = None
-    instance_types: tuple[str, ...] = ()
-    zones: tuple[str, ...] = ()
-    gpus_max: int | None = None     # a range "MIN-MAX": the plan picks the count per type
-    nodes_min: int | None = None    # elastic "MIN-MAX": nodes is MAX (launched), MIN keeps running
+    __pydantic_config__ = _STRICT
+    _stored_only = ("gpus_max", "nodes_min")   # the spec writes these as "MIN-MAX"
+
+    gpus: Count = 1                 # GPUs used per node: exactly this many (the range's low end)
+    nodes: Count = 1
+    gpu_memory_gb: Positive | None = None
+    instance_types: InstanceTypes = ()
+    zones: Zones = ()
+    gpus_max: Count | None = None   # a range "MIN-MAX": the plan picks the count per type
+    nodes_min: Count | None = None  # elastic "MIN-MAX": nodes is MAX (launched), MIN keeps running
 
     def gpu_counts(self, node_gpus: int) -> list[int]:
         """The GPU counts per node the job may use on a node with node_gpus GPUs."""
@@ -61,66 +272,82 @@ class Resources:
 class ModelSpec:
     """What the model is, for memory feasibility."""
 
-    params_billion: float | None = None
-    precision: str = "bf16"
-    optimizer: str = "adamw"
-    sharding: str = "none"
+    __pydantic_config__ = _STRICT
+
+    params_billion: Positive | None = None
+    precision: Annotated[Precision, Field(description=", ".join(PRECISIONS))] = "bf16"
+    optimizer: Annotated[Optimizer, Field(description=", ".join(OPTIMIZERS))] = "adamw"
+    sharding: Annotated[Sharding, Field(description=", ".join(SHARDINGS))] = "none"
 
 
 @dataclass(frozen=True)
 class WorkSpec:
     """How much work the job is: steps, and/or hours on a reference instance."""
 
-    total_steps: int | None = None
-    reference_hours: float | None = None
-    reference_instance: str | None = None
-    scaling: tuple[tuple[int, float], ...] = ()   # ((gpus, speedup), ...); () = catalog default
+    __pydantic_config__ = _STRICT
+
+    total_steps: Annotated[int, Strict(), Field(ge=1, description="an integer >= 1")] | None = None
+    reference_hours: Positive | None = None
+    reference_instance: Annotated[str, Strict(), AfterValidator(_reference), Field(
+        description="an instance type in the catalog")] | None = None
+    # ((gpus, speedup), ...); () = catalog default
+    scaling: Annotated[tuple[tuple[int, float], ...], BeforeValidator(_scaling_in)] = ()
 
 
 @dataclass(frozen=True)
 class CheckpointSpec:
     """Where and how often checkpoints go."""
 
-    uri: str | None = None
-    interval_minutes: float | None = None   # None = auto (Young/Daly)
-    keep: int = 3
+    __pydantic_config__ = _STRICT
+
+    uri: Annotated[str, Strict(), AfterValidator(_checkpoint_uri), Field(
+        description="s3://bucket/prefix or file:///absolute/path")] | None = None
+    interval_minutes: Annotated[Positive | None, BeforeValidator(_auto), Field(
+        description="a number > 0 or 'auto'")] = None   # None = auto (Young/Daly)
+    keep: Annotated[int, Strict(), Field(ge=1, description="an integer >= 1")] = 3
 
 
 @dataclass(frozen=True)
 class PolicySpec:
     """Market, deadline and money limits."""
 
-    market: MarketPolicy = MarketPolicy.AUTO
-    deadline: str | None = None            # ISO-8601 UTC, resolved at submit
-    budget_usd: float | None = None
-    max_price_usd_per_hour: float | None = None
-    max_restarts_on_error: int = 3
+    __pydantic_config__ = _STRICT
+    _input_only = ("deadline_hours",)   # becomes deadline at submit
+
+    market: Annotated[MarketPolicy, Field(description=", ".join(p.value for p in MarketPolicy))
+                      ] = MarketPolicy.AUTO
+    deadline: Annotated[str, Strict()] | None = None   # ISO-8601 UTC, resolved at submit
+    budget_usd: Positive | None = None
+    max_price_usd_per_hour: Positive | None = None
+    max_restarts_on_error: Annotated[int, Strict(), Field(ge=0, le=100, description=(
+        "an integer 0-100"))] = 3
 
 
 @dataclass(frozen=True)
 class JobSpec:
     """A validated job spec."""
 
-    name: str
-    command: str
-    workdir: str | None = None
-    env: dict[str, str] = field(default_factory=dict)
-    secrets: dict[str, str] = field(default_factory=dict)
-    resources: Resources = field(default_factory=Resources)
-    model: ModelSpec = field(default_factory=ModelSpec)
-    work: WorkSpec = field(default_factory=WorkSpec)
-    checkpoint: CheckpointSpec = field(default_factory=CheckpointSpec)
-    policy: PolicySpec = field(default_factory=PolicySpec)
-    outputs: tuple[str, ...] = ()   # paths/globs relative to the job's directory
+    __pydantic_config__ = _STRICT
+
+    name: Name
+    command: Command
+    workdir: Workdir | None = None
+    env: Env = field(default_factory=dict)
+    secrets: Secrets = field(default_factory=dict)
+    resources: Annotated[Resources, BeforeValidator(_resources_in)] = field(
+        default_factory=Resources)
+    model: Annotated[ModelSpec, BeforeValidator(_model_in)] = field(default_factory=ModelSpec)
+    work: Annotated[WorkSpec, BeforeValidator(_empty_if_none), AfterValidator(_work_pairs)] = \
+        field(default_factory=WorkSpec)
+    checkpoint: Annotated[CheckpointSpec, BeforeValidator(_empty_if_none)] = field(
+        default_factory=CheckpointSpec)
+    policy: Annotated[PolicySpec, BeforeValidator(_policy_in)] = field(
+        default_factory=PolicySpec)
+    outputs: Outputs = ()   # paths/globs relative to the job's directory
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-able mapping that `spec_from_dict` reads back."""
-        d = asdict(self)
-        d["policy"]["market"] = self.policy.market.value
-        d["resources"]["instance_types"] = list(self.resources.instance_types)
-        d["resources"]["zones"] = list(self.resources.zones)
-        d["outputs"] = list(self.outputs)
-        return d
+        return adapter(JobSpec).dump_python(self, mode="json")
 
 
 def job_spec(job: Any) -> JobSpec:
@@ -133,19 +360,8 @@ def job_spec(job: Any) -> JobSpec:
 
 
 def spec_from_dict(d: dict[str, Any]) -> JobSpec:
-    """Rebuild a JobSpec stored with `to_dict` (no validation: it was validated at submit)."""
-    r = dict(d["resources"])
-    r["instance_types"] = tuple(r.get("instance_types") or ())
-    r["zones"] = tuple(r.get("zones") or ())
-    w = dict(d["work"])
-    w["scaling"] = tuple((int(n), float(v)) for n, v in (w.get("scaling") or ()))
-    p = dict(d["policy"])
-    p["market"] = MarketPolicy(p["market"])
-    return JobSpec(name=d["name"], command=d["command"], workdir=d.get("workdir"),
-                   env=dict(d.get("env") or {}), secrets=dict(d.get("secrets") or {}),
-                   resources=Resources(**r), model=ModelSpec(**d["model"]),
-                   work=WorkSpec(**w), checkpoint=CheckpointSpec(**d["checkpoint"]),
-                   policy=PolicySpec(**p), outputs=tuple(d.get("outputs") or ()))
+    """Rebuild a JobSpec stored with `to_dict` (no submit-time checks: it passed them once)."""
+    return validate(JobSpec, d, SpecError, redact=("secrets",))
 
 
 # ---------------------------------------------------------------- loading
@@ -175,286 +391,19 @@ def load_spec_file(path: str | Path, *, instance_types: Iterable[str], zones: It
 def parse_spec(raw: Any, *, base_dir: Path, instance_types: Iterable[str], zones: Iterable[str],
                now: datetime | None = None) -> JobSpec:
     """Validate a decoded spec mapping; raises SpecError naming the field."""
-    now = now or datetime.now(timezone.utc)
-    types = set(instance_types)
-    zone_set = set(zones)
-    top = _mapping(raw, "spec", {"name", "command", "workdir", "env", "secrets", "resources",
-                                 "model", "work", "checkpoint", "policy", "outputs"})
-    name = _req(top, "name", "spec")
-    if not isinstance(name, str) or not NAME_RE.match(name):
-        raise SpecError("must match ^[a-z0-9][a-z0-9-]{0,62}$ (lower-case letters, digits, '-')",
-                        field="name", value=name)
-    command = _req(top, "command", "spec")
-    if not isinstance(command, str) or not command.strip():
-        raise SpecError("must be a non-empty string", field="command", value=command)
-
-    workdir = None
-    if top.get("workdir") is not None:
-        wd = top["workdir"]
-        if not isinstance(wd, str) or not wd:
-            raise SpecError("must be a path string", field="workdir", value=wd)
-        wpath = (base_dir / wd).resolve()
-        if not wpath.is_dir():
-            raise SpecError(f"must be an existing directory; {wpath} is "
-                            f"{'a file' if wpath.exists() else 'missing'}", field="workdir",
-                            value=wd)
-        workdir = str(wpath)
-
-    env = _str_map(top.get("env"), "env", ENV_KEY_RE, None)
-    secrets = _str_map(top.get("secrets"), "secrets", ENV_KEY_RE, SECRET_RE)
-
-    resources = _resources(top.get("resources"), types, zone_set)
-    model = _model(top.get("model"))
-    work = _work(top.get("work"), types)
-    checkpoint = _checkpoint(top.get("checkpoint"))
-    policy = _policy(top.get("policy"), now)
-    outputs = _outputs(top.get("outputs"))
-    return JobSpec(name=name, command=command, workdir=workdir, env=env, secrets=secrets,
-                   resources=resources, model=model, work=work, checkpoint=checkpoint,
-                   policy=policy, outputs=outputs)
+    if raw is None:
+        raise SpecError("the file is empty; allowed: a mapping with name and command",
+                        field="spec")
+    if not isinstance(raw, dict):
+        raise SpecError(f"must be a mapping, got {type(raw).__name__}", field="spec")
+    context = {"base_dir": base_dir, "types": set(instance_types), "zones": set(zones),
+               "now": now or datetime.now(timezone.utc)}
+    spec = validate(JobSpec, raw, SpecError, context=context, redact=("secrets",))
+    _refuse_multi_node(spec.resources)
+    return spec
 
 
-# ---------------------------------------------------------------- sections
-
-def _resources(raw: Any, types: set[str], zones: set[str]) -> Resources:
-    m = _mapping(raw, "resources", {"gpus", "nodes", "gpu_memory_gb", "instance_types", "zones"})
-    gpus, gpus_max = _count_or_range(m, "gpus")
-    nodes_min, nodes = _count_or_range(m, "nodes")
-    if nodes_min and not nodes:
-        nodes_min, nodes = None, nodes_min
-    if nodes > MAX_MULTI_NODE:
+def _refuse_multi_node(res: Resources) -> None:
+    if res.nodes > MAX_MULTI_NODE:
         raise SpecError("multi-node jobs are not supported yet; allowed: 1", field="resources.nodes",
-                        value=nodes, hint="run on one node with more GPUs per node")
-    mem = _num(m, "gpu_memory_gb", "resources", None, positive=True)
-    itypes = _str_list(m.get("instance_types"), "resources.instance_types")
-    for i, t in enumerate(itypes):
-        if t not in types:
-            raise SpecError(f"unknown instance type {t!r}; allowed: a catalog type such as "
-                            f"{', '.join(sorted(types)[:4])}, ...",
-                            field=f"resources.instance_types[{i}]", value=t)
-    zl = _str_list(m.get("zones"), "resources.zones")
-    for i, z in enumerate(zl):
-        if z not in zones:
-            raise SpecError(f"unknown zone {z!r}; allowed: {', '.join(sorted(zones))}",
-                            field=f"resources.zones[{i}]", value=z)
-    return Resources(gpus=gpus, nodes=nodes, gpu_memory_gb=mem, instance_types=tuple(itypes),
-                     zones=tuple(zl), gpus_max=gpus_max, nodes_min=nodes_min)
-
-
-COUNT_RANGE_RE = re.compile(r"^\s*(\d+)\s*-\s*(\d+)\s*$")
-
-
-def _count_or_range(m: dict[str, Any], key: str) -> tuple[int, int | None]:
-    """resources.gpus / resources.nodes: an integer 1-64, or a range "MIN-MAX" -> (MIN, MAX).
-
-    A plain integer N gives (N, None).
-    """
-    raw, path = m.get(key), f"resources.{key}"
-    if isinstance(raw, str):
-        hit = COUNT_RANGE_RE.match(raw)
-        lo, hi = (int(hit.group(1)), int(hit.group(2))) if hit else (0, 0)
-        if not hit or not 1 <= lo < hi <= 64:
-            raise SpecError('allowed: an integer 1-64, or a range "MIN-MAX" with 1 <= MIN < MAX '
-                            '<= 64', field=path, value=raw)
-        return lo, hi
-    if raw is not None and (not isinstance(raw, int) or isinstance(raw, bool)
-                            or not 1 <= raw <= 64):
-        raise SpecError('allowed: an integer 1-64, or a range "MIN-MAX"', field=path, value=raw)
-    return (1 if raw is None else raw), None
-
-
-def _model(raw: Any) -> ModelSpec:
-    m = _mapping(raw, "model", {"params_billion", "precision", "optimizer", "sharding"})
-    if m and "params_billion" not in m:
-        raise SpecError("is required when model is given; allowed: a number > 0",
-                        field="model.params_billion")
-    params = _num(m, "params_billion", "model", None, positive=True)
-    return ModelSpec(params_billion=params,
-                     precision=_choice(m, "precision", "model", PRECISIONS, "bf16"),
-                     optimizer=_choice(m, "optimizer", "model", OPTIMIZERS, "adamw"),
-                     sharding=_choice(m, "sharding", "model", SHARDINGS, "none"))
-
-
-def _work(raw: Any, types: set[str]) -> WorkSpec:
-    m = _mapping(raw, "work", {"total_steps", "reference_hours", "reference_instance", "scaling"})
-    steps = _int(m, "total_steps", "work", 1, None, None)
-    hours = _num(m, "reference_hours", "work", None, positive=True)
-    ref = m.get("reference_instance")
-    if ref is not None and (not isinstance(ref, str) or ref not in types):
-        raise SpecError("must be an instance type in the catalog", field="work.reference_instance",
-                        value=ref)
-    if (hours is None) != (ref is None):
-        missing = "work.reference_instance" if ref is None else "work.reference_hours"
-        raise SpecError("reference_hours and reference_instance go together", field=missing)
-    return WorkSpec(total_steps=steps, reference_hours=hours, reference_instance=ref,
-                    scaling=_scaling(m.get("scaling")))
-
-
-def _scaling(raw: Any) -> tuple[tuple[int, float], ...]:
-    """work.scaling: {gpus: speedup over one GPU}, overriding the catalog's curve."""
-    if raw is None:
-        return ()
-    ok = isinstance(raw, dict) and raw and all(
-        isinstance(k, int) and not isinstance(k, bool) and 1 <= k <= 1024
-        and isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0
-        for k, v in raw.items())
-    if not ok:
-        raise SpecError("allowed: a mapping {gpus 1-1024: speedup > 0}, e.g. {1: 1.0, 8: 6.5}",
-                        field="work.scaling", value=raw)
-    return tuple(sorted((int(k), float(v)) for k, v in raw.items()))
-
-
-def _checkpoint(raw: Any) -> CheckpointSpec:
-    m = _mapping(raw, "checkpoint", {"uri", "interval_minutes", "keep"})
-    uri = m.get("uri")
-    if uri is not None:
-        ok = isinstance(uri, str) and (
-            re.match(r"^s3://[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9](/[^\s]*)?$", uri)
-            or re.match(r"^file:///[^\s]*$", uri))
-        if not ok:
-            raise SpecError("allowed: s3://bucket/prefix or file:///absolute/path",
-                            field="checkpoint.uri", value=uri)
-        if ".." in uri.split("/"):
-            raise SpecError("must not contain '..'", field="checkpoint.uri", value=uri)
-    interval = m.get("interval_minutes", "auto")
-    if interval == "auto":
-        interval_val = None
-    elif isinstance(interval, (int, float)) and not isinstance(interval, bool) \
-            and math.isfinite(interval) and interval > 0:
-        interval_val = float(interval)
-    else:
-        raise SpecError("allowed: a number > 0 or 'auto'", field="checkpoint.interval_minutes",
-                        value=interval)
-    keep = _int(m, "keep", "checkpoint", 1, None, 3)
-    return CheckpointSpec(uri=uri, interval_minutes=interval_val, keep=keep)
-
-
-def _policy(raw: Any, now: datetime) -> PolicySpec:
-    m = _mapping(raw, "policy", {"market", "deadline", "deadline_hours", "budget_usd",
-                                 "max_price_usd_per_hour", "max_restarts_on_error"})
-    market = MarketPolicy(_choice(m, "market", "policy", tuple(p.value for p in MarketPolicy),
-                                  "auto"))
-    if "deadline" in m and "deadline_hours" in m:
-        raise SpecError("give deadline or deadline_hours, not both", field="policy.deadline")
-    deadline = None
-    if "deadline" in m:
-        d = m["deadline"]
-        when = d if isinstance(d, datetime) else None
-        if isinstance(d, str):
-            try:
-                when = datetime.fromisoformat(d.replace("Z", "+00:00"))
-            except ValueError:
-                when = None
-        if when is None:
-            raise SpecError("allowed: an ISO-8601 time such as 2030-01-31T12:00:00Z",
-                            field="policy.deadline", value=d)
-        if when.tzinfo is None:
-            when = when.replace(tzinfo=timezone.utc)
-        if when <= now:
-            raise SpecError("is in the past; allowed: a time in the future",
-                            field="policy.deadline", value=str(d))
-        deadline = when.astimezone(timezone.utc).isoformat()
-    hours = _num(m, "deadline_hours", "policy", None, positive=True)
-    if hours is not None:
-        deadline = (now + timedelta(hours=hours)).astimezone(timezone.utc).isoformat()
-    return PolicySpec(
-        market=market, deadline=deadline,
-        budget_usd=_num(m, "budget_usd", "policy", None, positive=True),
-        max_price_usd_per_hour=_num(m, "max_price_usd_per_hour", "policy", None, positive=True),
-        max_restarts_on_error=_int(m, "max_restarts_on_error", "policy", 0, 100, 3))
-
-
-# ---------------------------------------------------------------- primitives
-
-def _mapping(raw: Any, path: str, allowed: set[str]) -> dict[str, Any]:
-    if raw is None:
-        if path == "spec":
-            raise SpecError("the file is empty; allowed: a mapping with name and command",
-                            field="spec")
-        return {}
-    if not isinstance(raw, dict):
-        raise SpecError(f"must be a mapping, got {type(raw).__name__}", field=path)
-    for key in raw:
-        if not isinstance(key, str) or key not in allowed:
-            where = key if path == "spec" else f"{path}.{key}"
-            raise SpecError(f"unknown field; allowed here: {', '.join(sorted(allowed))}",
-                            field=str(where), value=key)
-    return raw
-
-
-def _req(m: dict[str, Any], key: str, path: str) -> Any:
-    if key not in m or m[key] is None:
-        raise SpecError("is required", field=key if path == "spec" else f"{path}.{key}")
-    return m[key]
-
-
-def _int(m: dict[str, Any], key: str, path: str, lo: int | None, hi: int | None,
-         default: int | None) -> Any:
-    if key not in m:
-        return default
-    v = m[key]
-    rng = f"{lo}-{hi}" if hi is not None else f">= {lo}"
-    if not isinstance(v, int) or isinstance(v, bool) or (lo is not None and v < lo) \
-            or (hi is not None and v > hi):
-        raise SpecError(f"allowed: an integer {rng}", field=f"{path}.{key}", value=v)
-    return v
-
-
-def _num(m: dict[str, Any], key: str, path: str, default: float | None, *,
-         positive: bool) -> float | None:
-    if key not in m:
-        return default
-    v = m[key]
-    if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v) \
-            or (positive and v <= 0):
-        raise SpecError("allowed: a number > 0", field=f"{path}.{key}", value=v)
-    return float(v)
-
-
-def _choice(m: dict[str, Any], key: str, path: str, allowed: tuple[str, ...], default: str) -> str:
-    if key not in m:
-        return default
-    v = m[key]
-    if v not in allowed:
-        raise SpecError(f"allowed: {', '.join(allowed)}", field=f"{path}.{key}", value=v)
-    return v
-
-
-def _str_list(raw: Any, path: str) -> list[str]:
-    if raw is None:
-        return []
-    if not isinstance(raw, list) or not all(isinstance(x, str) and x for x in raw):
-        raise SpecError("allowed: a list of strings", field=path, value=raw)
-    return list(raw)
-
-
-def _outputs(raw: Any) -> tuple[str, ...]:
-    paths = _str_list(raw, "outputs")
-    for i, v in enumerate(paths):
-        parts = v.replace("\\", "/").split("/")
-        if v.startswith(("/", "~")) or ".." in parts:
-            raise SpecError("allowed: paths or globs relative to the job's directory, no '..'",
-                            field=f"outputs[{i}]", value=v)
-    return tuple(paths)
-
-
-def _str_map(raw: Any, path: str, key_re: re.Pattern[str], val_re: re.Pattern[str] | None
-             ) -> dict[str, str]:
-    if raw is None:
-        return {}
-    if not isinstance(raw, dict):
-        raise SpecError("must be a mapping of string to string", field=path)
-    out: dict[str, str] = {}
-    for k, v in raw.items():
-        if not isinstance(k, str) or not key_re.match(k):
-            raise SpecError("key must match [A-Za-z_][A-Za-z0-9_]*", field=f"{path}.{k}", value=k)
-        if not isinstance(v, str):
-            # YAML reads `A: 3` as a number and `A: yes` as true; the process sees strings.
-            raise SpecError(f"allowed: a string (quote it: {k}: '{v}')" if path == "env"
-                            else "allowed: a string", field=f"{path}.{k}",
-                            value=v if path == "env" else "<redacted>")
-        if val_re is not None and not val_re.match(v):
-            raise SpecError("allowed: env:NAME, ssm:/path or secretsmanager:NAME",
-                            field=f"{path}.{k}", value="<redacted>")
-        out[k] = v
-    return out
+                        value=res.nodes, hint="run on one node with more GPUs per node")

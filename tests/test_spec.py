@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -236,3 +237,66 @@ def test_env_number_error_says_to_quote_and_workdir_error_echoes_the_path(tmp_pa
         parse_spec({"name": "a", "command": "x", "workdir": "afile"}, base_dir=tmp_path,
                    instance_types=cat_types, zones=zones)
     assert str((tmp_path / "afile").resolve()) in str(err.value) and "a file" in str(err.value)
+
+
+# ------------------------------------------------------------ stored form (pydantic contracts)
+
+# What the hand-written `to_dict` (before pydantic) wrote to jobs.spec_json for a full spec.
+OLD_STORED = {
+    "checkpoint": {"interval_minutes": 30.0, "keep": 3, "uri": "s3://bucket/prefix"},
+    "command": "torchrun train.py", "env": {"WANDB_MODE": "offline"},
+    "model": {"optimizer": "adamw", "params_billion": 3.0, "precision": "bf16",
+              "sharding": "none"},
+    "name": "llama-3b-sft", "outputs": ["out/*.pt"],
+    "policy": {"budget_usd": 500.0, "deadline": "2026-01-04T00:00:00+00:00", "market": "auto",
+               "max_price_usd_per_hour": 12.0, "max_restarts_on_error": 3},
+    "resources": {"gpu_memory_gb": 40.0, "gpus": 2, "gpus_max": 8,
+                  "instance_types": ["p4d.24xlarge", "p3dn.24xlarge"], "nodes": 1,
+                  "nodes_min": None, "zones": ["us-east-1a"]},
+    "secrets": {"HF_TOKEN": "ssm:/team/hf-token"},
+    "work": {"reference_hours": 48.0, "reference_instance": "p3.2xlarge",
+             "scaling": [[1, 1.0], [8, 6.5]], "total_steps": 1000},
+    "workdir": "/tmp/tmplxywkfou/code",
+}
+
+
+def test_old_stored_spec_loads_to_the_same_spec_and_writes_the_same_form(tmp_path):
+    raw = full(tmp_path)
+    raw["resources"]["gpus"] = "2-8"
+    raw["work"]["scaling"] = {8: 6.5, 1: 1.0}
+    raw["outputs"] = ["out/*.pt"]
+    raw["checkpoint"]["interval_minutes"] = 30
+    spec = parse(raw, tmp_path)
+    stored = json.loads(json.dumps(OLD_STORED))
+    stored["workdir"] = spec.workdir
+    assert spec_from_dict(stored) == spec
+    assert json.loads(json.dumps(spec.to_dict())) == stored
+
+
+def test_stored_spec_skips_submit_time_checks():
+    """A stored deadline may be past and a type may have left the catalog: it still loads."""
+    stored = json.loads(json.dumps(OLD_STORED))
+    stored["policy"]["deadline"] = "2001-01-01T00:00:00+00:00"
+    stored["resources"]["instance_types"] = ["gone.huge"]
+    spec = spec_from_dict(stored)
+    assert spec.policy.deadline == "2001-01-01T00:00:00+00:00"
+    assert spec.resources.instance_types == ("gone.huge",)
+
+
+@pytest.mark.parametrize("path,value,field,says", [
+    ("resources.gpus_max", 8, "resources.gpus_max", "allowed here: gpu_memory_gb, gpus"),
+    ("work.scaling", {1: 1.0, 8: -2}, "work.scaling", "speedup > 0"),
+    ("work.scaling", [[1, 1.0]], "work.scaling", "a mapping"),
+    ("resources.instance_types", ["p3.2xlarge", 3], "resources.instance_types",
+     "a list of strings"),
+    ("policy.deadline_hours", float("inf"), "policy.deadline_hours", "a number > 0"),
+    ("resources", None, None, None),
+])
+def test_more_bad_fields_say_what_is_allowed(path, value, field, says):
+    if field is None:   # an empty section is the defaults
+        assert parse(_with(path, value)).resources.gpus == 1
+        return
+    with pytest.raises(SpecError) as info:
+        parse(_with(path, value))
+    assert info.value.field == field and says in str(info.value)
+    assert "\n" not in str(info.value)
