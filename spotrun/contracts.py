@@ -53,7 +53,8 @@ def as_error(exc: ValidationError, root: Any, error: type[SpotrunError], *, pref
         value = value.get(part) if isinstance(value, dict) else value
     is_key = "[key]" in loc
     loc = [p for p in loc if p != "[key]"]
-    path = prefix + "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in loc).lstrip(".")
+    rel = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in loc).lstrip(".")
+    path = prefix + rel if rel else prefix.rstrip(".") or "input"
     kind = e["type"]
     if kind == "spotrun" or is_key:
         message = e["msg"]
@@ -69,7 +70,7 @@ def as_error(exc: ValidationError, root: Any, error: type[SpotrunError], *, pref
         message = f"allowed: {desc}" if desc else e["msg"]
     secret = bool(loc) and loc[0] in set(redact)
     value = "<redacted>" if secret else (None if kind == "missing" else value)
-    return error(message, field=path or prefix.rstrip(".") or "input", value=value)
+    return error(message, field=path, value=value)
 
 
 def field_names(cls: Any) -> list[str]:

@@ -10,7 +10,7 @@ import re
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
-from typing import Annotated, Any, ClassVar, Iterable, Literal, get_args
+from typing import Annotated, Any, Iterable, Literal, get_args
 
 import yaml
 from pydantic import AfterValidator, BeforeValidator, ConfigDict, Field, Strict, ValidationInfo

@@ -6,12 +6,17 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from pydantic import ConfigDict
+
+from spotrun.contracts import validate
 from spotrun.errors import ConfigError
 
 
 @dataclass(frozen=True)
 class AgentConfig:
     """Everything an agent needs to run one attempt. Secrets travel as references only."""
+
+    __pydantic_config__ = ConfigDict(extra="forbid")   # a daemon/agent version skew shows
 
     job_id: str
     attempt: int                      # attempt number (1, 2, ...)
@@ -22,6 +27,8 @@ class AgentConfig:
     secrets: dict[str, str] = field(default_factory=dict)   # NAME -> env:/ssm:/secretsmanager:
     bundle_key: str | None = None
     gpus: int = 1
+    nodes: int = 1                    # nodes the attempt runs on (multi-node)
+    nodes_min: int | None = None      # elastic: the fewest nodes it keeps running on
     total_steps: int | None = None
     checkpoint_interval_s: float | None = None   # wall seconds; None = the library's default
     checkpoint_keep: int = 3
@@ -49,9 +56,4 @@ class AgentConfig:
             raw: dict[str, Any] = json.loads(text)
         except json.JSONDecodeError as exc:
             raise ConfigError(f"agent config is not JSON: {exc}", field="user_data") from None
-        known = set(cls.__dataclass_fields__)
-        unknown = set(raw) - known
-        if unknown:
-            raise ConfigError("unknown agent config keys", field="user_data",
-                              value=sorted(unknown))
-        return cls(**raw)
+        return validate(cls, raw, ConfigError, prefix="user_data.")

@@ -30,6 +30,7 @@ from spotrun.agent.outputs import OutputUploader
 from spotrun.agent.notice import NoticeWatcher, notice_poll_interval_wall_s
 from spotrun.agent.progress import ProgressReader
 from spotrun.agent.setup import AgentPaths, prepare
+from spotrun.reports import ExitReport, Heartbeat, Notice, dump
 from spotrun.secrets import ClientFactory, Redactor
 from spotrun.store import open_store
 from spotrun.store.base import ObjectStore
@@ -88,25 +89,22 @@ class Agent:
         total = p.get("total_steps")
         if total is None:
             total = self.config.total_steps
-        self.reporter.put_json(self._key(layout.heartbeat_key), {
-            "ts": iso(self.clock.time()), "attempt": self.config.attempt, "phase": phase,
-            "step": p.get("step"), "total_steps": total, "steps_per_s": p.get("steps_per_s"),
-            "last_checkpoint_step": p.get("last_checkpoint_step"),
-            "checkpoint_save_s": p.get("checkpoint_save_s"),
-            "checkpoint_failures": p.get("checkpoint_failures"),
-            "checkpoint_error_step": p.get("checkpoint_error_step"),
-            "checkpoint_error": p.get("checkpoint_error"),
-            "notice": self._notice is not None, "rebalance": self._rebalance,
+        self.reporter.put_json(self._key(layout.heartbeat_key), dump(Heartbeat(
+            ts=iso(self.clock.time()), attempt=self.config.attempt, phase=phase,
+            step=p.get("step"), total_steps=total, steps_per_s=p.get("steps_per_s"),
+            last_checkpoint_step=p.get("last_checkpoint_step"),
+            checkpoint_save_s=p.get("checkpoint_save_s"),
+            checkpoint_failures=p.get("checkpoint_failures"),
+            checkpoint_error_step=p.get("checkpoint_error_step"),
+            checkpoint_error=p.get("checkpoint_error"),
+            notice=self._notice is not None, rebalance=self._rebalance,
             # The checkpoint this attempt really restored (the daemon's plan may differ).
-            "resumed_from": self.resumed_from,
-        })
+            resumed_from=self.resumed_from)))
 
     def _write_exit(self, reason: str, exit_code: int | None, message: str | None = None) -> None:
-        body: dict[str, Any] = {"ts": iso(self.clock.time()), "exit_code": exit_code,
-                                "reason": reason, "step": self.progress.read().get("step")}
-        if message:
-            body["message"] = message[:500]
-        self.reporter.put_json(self._key(layout.exit_key), body)
+        self.reporter.put_json(self._key(layout.exit_key), dump(ExitReport(
+            ts=iso(self.clock.time()), exit_code=exit_code, reason=reason,
+            step=self.progress.read().get("step"), message=message[:500] if message else None)))
 
     # ------------------------------------------------------------ notice (notice thread)
 
@@ -123,7 +121,7 @@ class Agent:
             self._notice = {"ts": iso(now), "action": info.get("action"), "time": info.get("time"),
                             "signalled_at": iso(now) if signalled else None,
                             "emergency_checkpoint_step": None, "emergency_save_s": None}
-            self.reporter.put_json(self._key(layout.notice_key), dict(self._notice))
+            self.reporter.put_json(self._key(layout.notice_key), dump(Notice(**self._notice)))
         self._beat_now = True
         if self.outputs is not None:
             self.outputs.start("notice")   # what exists now, before the instance goes
@@ -145,7 +143,7 @@ class Agent:
                 return
             took = round(self.clock.monotonic() - (self._notice_mono or 0.0), 3)
             self._notice.update(emergency_checkpoint_step=step, emergency_save_s=took)
-            self.reporter.put_json(self._key(layout.notice_key), dict(self._notice))
+            self.reporter.put_json(self._key(layout.notice_key), dump(Notice(**self._notice)))
         log.info("emergency_checkpoint_seen", step=step, save_s=took)
 
     # ------------------------------------------------------------ stopping

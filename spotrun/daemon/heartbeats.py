@@ -13,7 +13,7 @@ from spotrun.daemon.reconcile import terminate_attempt
 from spotrun.daemon.savefail import record_save_failures
 from spotrun.progress import attempt_reported, attempt_resumed_from, job_reached
 from spotrun.db import Attempt, Job, add_event, session
-from spotrun.errors import ObjectNotFound, StoreError
+from spotrun.reports import Heartbeat, Notice, read_report
 from spotrun.states import AttemptState, EndReason
 
 
@@ -34,37 +34,36 @@ class HeartbeatLoop:
                 Attempt.state == AttemptState.RUNNING, Attempt.job_id == Job.id)))
         for att, job in rows:
             store = self.ctx.store_for(job.store_uri)
-            beat = _read_json(store, layout.heartbeat_key(job.id, att.number))
-            notice = None if att.notice_at else _read_json(
-                store, layout.notice_key(job.id, att.number))
-            fresh = beat is not None and beat.get("ts") != self._seen_ts.get(att.id)
+            beat = read_report(store, layout.heartbeat_key(job.id, att.number), Heartbeat)
+            notice = None if att.notice_at else read_report(
+                store, layout.notice_key(job.id, att.number), Notice)
+            fresh = beat is not None and beat.ts != self._seen_ts.get(att.id)
             if fresh:
-                self._seen_ts[att.id] = beat.get("ts")
+                self._seen_ts[att.id] = beat.ts
             with session(self.ctx.engine) as s:
                 a = s.get(Attempt, att.id)
                 j = s.get(Job, job.id)
                 if fresh:
                     a.last_heartbeat_at = now
-                    step = beat.get("step")
-                    attempt_resumed_from(a, beat.get("resumed_from"))
+                    step = beat.step
+                    attempt_resumed_from(a, beat.resumed_from)
                     attempt_reported(a, step)
-                    saved = beat.get("last_checkpoint_step")
-                    if isinstance(saved, int) and saved > self._saved.get(att.id, att.start_step):
+                    saved = beat.last_checkpoint_step
+                    if saved is not None and saved > self._saved.get(att.id, att.start_step):
                         self._saved[att.id] = saved
-                        cost = beat.get("checkpoint_save_s")
-                        if isinstance(cost, (int, float)):
+                        if beat.checkpoint_save_s is not None:
                             # Each new checkpoint paused training for its blocking save.
-                            a.checkpoint_stall_s = (a.checkpoint_stall_s or 0.0) + float(cost)
+                            a.checkpoint_stall_s = (a.checkpoint_stall_s or 0.0) \
+                                + beat.checkpoint_save_s
                     job_reached(j, saved)   # only checkpointed progress survives a loss
-                    total = beat.get("total_steps")
-                    if isinstance(total, int) and total > 0:
-                        j.total_steps = total
-                    if isinstance(beat.get("steps_per_s"), (int, float)):
-                        a.steps_per_s = float(beat["steps_per_s"])
-                    if isinstance(beat.get("checkpoint_save_s"), (int, float)):
-                        a.checkpoint_save_s = float(beat["checkpoint_save_s"])
-                    if a.running_at is None and beat.get("phase") == "running" \
-                            and isinstance(step, int) and step > a.start_step:
+                    if beat.total_steps is not None and beat.total_steps > 0:
+                        j.total_steps = beat.total_steps
+                    if beat.steps_per_s is not None:
+                        a.steps_per_s = beat.steps_per_s
+                    if beat.checkpoint_save_s is not None:
+                        a.checkpoint_save_s = beat.checkpoint_save_s
+                    if a.running_at is None and beat.phase == "running" \
+                            and step is not None and step > a.start_step:
                         # Boot, setup and restore are over once the job makes progress.
                         a.running_at = self.ctx.provider.now()
                     s.add(j)
@@ -75,7 +74,7 @@ class HeartbeatLoop:
                     a.notice_at = self.ctx.provider.now()
                     add_event(s, a.job_id, "notice",
                               f"attempt {a.number}: interruption notice "
-                              f"{notice.get('action', '')} at {notice.get('time', '')}",
+                              f"{notice.action or ''} at {notice.time or ''}",
                               attempt_id=a.id)
                 s.add(a)
                 s.commit()
@@ -102,10 +101,3 @@ class LivenessLoop:
     def tick(self, now: datetime) -> None:
         """Rewrite daemon/alive.json with the current time."""
         self.ctx.store.put_bytes(layout.DAEMON_ALIVE, json.dumps({"ts": now.isoformat()}).encode())
-
-
-def _read_json(store, key: str) -> dict | None:
-    try:
-        return json.loads(store.get_bytes(key))
-    except (ObjectNotFound, StoreError, ValueError):
-        return None

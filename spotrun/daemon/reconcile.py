@@ -23,6 +23,7 @@ from spotrun.progress import attempt_reported, job_reached
 from spotrun.db import Attempt, Job, add_event, attempts_of, session
 from spotrun.errors import ObjectNotFound, StoreError
 from spotrun.providers.base import InstanceInfo
+from spotrun.reports import ExitReport, Heartbeat, parse_report, read_report
 from spotrun.spec import spec_from_dict
 from spotrun.states import (AttemptState, EndReason, InstanceState, JobState, TerminationCause,
                             move_attempt, move_job)
@@ -79,18 +80,14 @@ class ReconcileLoop:
                       attempt_id=a.id)
             s.commit()
 
-    def _exit_report(self, job: Job, att: Attempt) -> dict | None:
+    def _exit_report(self, job: Job, att: Attempt) -> ExitReport | None:
         """The agent's exit.json; None if there is none; StoreError if it cannot be read."""
         try:
             raw = self.ctx.store_for(job.store_uri).get_bytes(
                 layout.exit_key(job.id, att.number))
         except ObjectNotFound:
             return None
-        try:
-            report = json.loads(raw)
-        except ValueError:
-            return None
-        return report if isinstance(report, dict) else None
+        return parse_report(raw, ExitReport)
 
     def _fenced_note(self, job: Job, att: Attempt) -> dict | None:
         """The note an agent leaves when another instance holds its attempt (agent/fence.py)."""
@@ -101,13 +98,9 @@ class ReconcileLoop:
             return None
         return note if isinstance(note, dict) else None
 
-    def _final_heartbeat(self, job: Job, att: Attempt) -> dict | None:
-        try:
-            beat = json.loads(self.ctx.store_for(job.store_uri).get_bytes(
-                layout.heartbeat_key(job.id, att.number)))
-        except (ObjectNotFound, StoreError, ValueError):
-            return None
-        return beat if isinstance(beat, dict) else None
+    def _final_heartbeat(self, job: Job, att: Attempt) -> Heartbeat | None:
+        return read_report(self.ctx.store_for(job.store_uri),
+                           layout.heartbeat_key(job.id, att.number), Heartbeat)
 
     def _ended(self, att: Attempt, info: InstanceInfo, now: datetime) -> None:
         with session(self.ctx.engine) as s:
@@ -138,8 +131,8 @@ class ReconcileLoop:
             a.instance_cause = info.cause.value if info.cause else None
             # The final heartbeat may tell of save failures no heartbeat pass saw.
             record_save_failures(s, a, self._final_heartbeat(job, att))
-            if report:
-                attempt_reported(a, report.get("step"))
+            if report is not None:
+                attempt_reported(a, report.step)
             s.add(a)
             add_event(s, a.job_id, f"attempt_{reason.value}", f"attempt {a.number}: {detail}",
                       attempt_id=a.id)
@@ -277,16 +270,16 @@ def budget_stop_request(attempts: list[int]) -> bytes:
                        "attempts": sorted(attempts)}).encode()
 
 
-def end_reason_of(report: dict | None, info: InstanceInfo, att: Attempt,
+def end_reason_of(report: ExitReport | None, info: InstanceInfo, att: Attempt,
                   cancel_requested: bool) -> tuple[EndReason, str]:
     """Why an attempt ended, from the evidence in order (see the module docstring)."""
     reclaimed = info.cause is TerminationCause.SPOT_RECLAIM
     if report is not None:
-        outcome = str(report.get("reason", ""))
-        detail = f"exit code {report.get('exit_code')}"
-        if report.get("message"):
-            detail += f": {report['message']}"
-        if outcome == "completed" and report.get("exit_code") not in (0, None):
+        outcome = report.reason or ""
+        detail = f"exit code {report.exit_code}"
+        if report.message:
+            detail += f": {report.message}"
+        if outcome == "completed" and report.exit_code not in (0, None):
             outcome = "error"
         if outcome in _DECIDED:
             if reclaimed:

@@ -11,17 +11,18 @@ from __future__ import annotations
 from typing import Any, Iterable
 
 from spotrun.db import Attempt, add_event
+from spotrun.reports import Heartbeat
 
 EVENT = "checkpoint_save_failed"
 
 
-def record_save_failures(s: Any, att: Attempt, beat: dict[str, Any] | None) -> int:
+def record_save_failures(s: Any, att: Attempt, beat: Heartbeat | None) -> int:
     """Add an event per save failure the heartbeat reports beyond those recorded; caller commits."""
-    count = (beat or {}).get("checkpoint_failures")
-    if not isinstance(count, int) or isinstance(count, bool) or count <= att.checkpoint_failures:
+    count = beat.checkpoint_failures if beat is not None else None
+    if count is None or count <= att.checkpoint_failures:
         return 0
-    step = beat.get("checkpoint_error_step")
-    error = str(beat.get("checkpoint_error") or "unknown error")[:300]
+    step = beat.checkpoint_error_step
+    error = (beat.checkpoint_error or "unknown error")[:300]
     new = count - att.checkpoint_failures
     for n in range(att.checkpoint_failures + 1, count + 1):
         add_event(s, att.job_id, EVENT, f"attempt {att.number}: checkpoint save failed "

@@ -9,7 +9,6 @@ running attempts' heartbeats (`checkpoint_failures` > 0).
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Callable
@@ -19,6 +18,7 @@ from sqlmodel import Session, select
 
 from spotrun import layout
 from spotrun.db import Attempt, Event, Job, SpendEntry
+from spotrun.reports import Heartbeat, parse_report
 from spotrun.states import AttemptState
 
 OVERLAP_IDS = 200   # events re-read below the watermark (ids may commit out of order)
@@ -124,14 +124,13 @@ def from_heartbeats(s: Session, store_for: Callable[[str], Any]) -> list[Alert]:
     for att, job in s.exec(select(Attempt, Job).where(Attempt.state == AttemptState.RUNNING,
                                                       Attempt.job_id == Job.id)):
         try:
-            beat = json.loads(store_for(job.store_uri).get_bytes(
-                layout.heartbeat_key(job.id, att.number)))
+            beat = parse_report(store_for(job.store_uri).get_bytes(
+                layout.heartbeat_key(job.id, att.number)), Heartbeat)
         except Exception:   # no heartbeat yet, or the store is down: nothing to say
             continue
         # The agent's heartbeat carries the library's count of saves that failed.
-        failures = (beat.get("checkpoint_failures", beat.get("checkpoint_save_failures"))
-                    if isinstance(beat, dict) else None)
-        if isinstance(failures, int) and failures > 0:
+        failures = beat.checkpoint_failures if beat is not None else None
+        if failures is not None and failures > 0:
             out.append(Alert(f"checkpoint_save_failing:{job.id}:{att.id}",
                              "checkpoint_save_failing", job.id,
                              f"spotrun: job {job.id} attempt {att.number}: {failures} "

@@ -8,7 +8,6 @@ store's reports; they never call a cloud.
 
 from __future__ import annotations
 
-import json
 from datetime import datetime
 from typing import Any, Callable
 
@@ -20,6 +19,7 @@ from spotrun.db import Attempt, Event, Job, SpendEntry, attempts_of, find_job, i
     open_settings_db, session
 from spotrun.daemon.savefail import save_warnings
 from spotrun.errors import NotFoundError
+from spotrun.reports import ExitReport, Heartbeat, parse_report
 from spotrun.ui.clock import clock_info, provider_now, time_scale
 
 LOG_TAIL_BYTES = 8000
@@ -40,12 +40,11 @@ class Reports:
             self._stores[uri] = self._open(uri)
         return self._stores[uri]
 
-    def _json(self, uri: str, key: str) -> dict | None:
+    def _report(self, uri: str, key: str, cls: type) -> Any:
         try:
-            obj = json.loads(self.store(uri).get_bytes(key))
+            return parse_report(self.store(uri).get_bytes(key), cls)
         except Exception:   # a missing or unreadable report is simply not known
             return None
-        return obj if isinstance(obj, dict) else None
 
     def final_step(self, job: Job, att: Attempt) -> int | None:
         """The last step the attempt's agent reported (its last heartbeat or its exit)."""
@@ -53,10 +52,11 @@ class Reports:
         if known in self._final:
             return self._final[known]
         steps = []
-        for key in (layout.heartbeat_key(job.id, att.number), layout.exit_key(job.id, att.number)):
-            rep = self._json(job.store_uri, key)
-            if rep is not None and isinstance(rep.get("step"), int):
-                steps.append(rep["step"])
+        for key, cls in ((layout.heartbeat_key(job.id, att.number), Heartbeat),
+                         (layout.exit_key(job.id, att.number), ExitReport)):
+            rep = self._report(job.store_uri, key, cls)
+            if rep is not None and rep.step is not None:
+                steps.append(rep.step)
         found = max(steps) if steps else None
         if getattr(att, "ended_at", None) is not None:
             self._final[known] = found

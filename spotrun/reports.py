@@ -1,0 +1,92 @@
+"""What an agent reports through the store, declared once: the agent writes these, the daemon,
+the dashboard and alerts read them back.
+
+Readers are lenient on purpose: a field of the wrong type (an older or newer agent, a job's
+own progress file) reads as absent, and an unreadable report is None, never a crash.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Annotated, Any, TypeVar
+
+from pydantic import ConfigDict, Strict, ValidationError
+
+from spotrun.contracts import Lenient, adapter
+from spotrun.errors import StoreError
+
+_READ = ConfigDict(extra="ignore")
+Int = Annotated[Annotated[int, Strict()] | None, Lenient]
+Num = Annotated[Annotated[float, Strict()] | None, Lenient]
+Text = Annotated[Annotated[str, Strict()] | None, Lenient]
+R = TypeVar("R")
+
+
+@dataclass(frozen=True)
+class Heartbeat:
+    """heartbeat.json: the attempt's latest progress, rewritten every heartbeat interval."""
+
+    __pydantic_config__ = _READ
+
+    ts: Text = None                    # agent wall time, ISO-8601
+    attempt: Int = None
+    phase: Text = None                 # setup, restore, running, stopping, ...
+    step: Int = None
+    total_steps: Int = None
+    steps_per_s: Num = None
+    last_checkpoint_step: Int = None
+    checkpoint_save_s: Num = None      # the blocking part of the last save, seconds
+    checkpoint_failures: Int = None    # saves whose every try failed, so far
+    checkpoint_error_step: Int = None
+    checkpoint_error: Text = None
+    notice: Annotated[Annotated[bool, Strict()] | None, Lenient] = None
+    rebalance: Text = None
+    resumed_from: Int = None           # the checkpoint step this attempt really restored
+
+
+@dataclass(frozen=True)
+class Notice:
+    """notice.json: the interruption notice the agent saw, and the emergency save it caused."""
+
+    __pydantic_config__ = _READ
+
+    ts: Text = None
+    action: Text = None                # "terminate", "stop", ...
+    time: Text = None                  # when the provider takes the instance
+    signalled_at: Text = None          # when the job got SIGUSR1; None = not signalled
+    emergency_checkpoint_step: Int = None
+    emergency_save_s: Num = None
+
+
+@dataclass(frozen=True)
+class ExitReport:
+    """exit.json: how the attempt ended, written last."""
+
+    __pydantic_config__ = _READ
+
+    ts: Text = None
+    exit_code: Int = None
+    reason: Text = None                # completed, error, interrupted, cancelled, ...
+    step: Int = None
+    message: Text = None
+
+
+def dump(report: Any) -> dict[str, Any]:
+    """The JSON-able body of a report."""
+    return asdict(report)
+
+
+def parse_report(raw: bytes, cls: type[R]) -> R | None:
+    """A report from its JSON bytes; None if they are not a JSON object."""
+    try:
+        return adapter(cls).validate_json(raw)
+    except ValidationError:
+        return None
+
+
+def read_report(store: Any, key: str, cls: type[R]) -> R | None:
+    """The report at `key`; None if it is missing, unreadable or not a JSON object."""
+    try:
+        return parse_report(store.get_bytes(key), cls)
+    except StoreError:
+        return None
