@@ -1,30 +1,21 @@
-"""boto3 clients built from settings, and the one retry policy every AWS call goes through.
+"""boto3 clients built from settings, with botocore's standard retries under our limits.
 
-botocore's own retries are switched off so that throttling and 5xx reach tenacity,
-which backs off with full jitter; capacity and validation errors are never retried.
-`endpoint_url` (or botocore's own `AWS_ENDPOINT_URL`) points everything at moto in tests.
+Every client retries throttling, 5xx and dropped connections in botocore itself (standard
+mode) with our `RetryPolicy`: tries per call, a jittered exponential back-off between
+`base_s` and `max_s`; capacity errors (EC2 answers some with a 500) are never retried, so a
+launch moves on to the next pool at once. `endpoint_url` (or botocore's own
+`AWS_ENDPOINT_URL`) points everything at moto in tests.
 """
 
 from __future__ import annotations
 
-import logging
 import os
+import random
 from dataclasses import dataclass
-from typing import Any, Callable, Protocol, TypeVar
-
-from tenacity import (Retrying, retry_if_exception, stop_after_attempt,
-                      wait_random_exponential)
+from typing import Any, Protocol
 
 from spotrun.errors import ProviderError
 
-log = logging.getLogger(__name__)
-T = TypeVar("T")
-
-THROTTLING_CODES = frozenset({
-    "RequestLimitExceeded", "Throttling", "ThrottlingException", "RequestThrottled",
-    "TooManyRequestsException", "SlowDown", "RequestThrottledException",
-    "InternalError", "InternalFailure", "ServiceUnavailable", "Unavailable",
-})
 CAPACITY_CODES = frozenset({
     "InsufficientInstanceCapacity", "MaxSpotInstanceCountExceeded", "SpotMaxPriceTooLow",
     "InsufficientCapacity", "InsufficientHostCapacity", "InsufficientReservedInstanceCapacity",
@@ -63,40 +54,40 @@ def error_code(exc: BaseException) -> str:
     return ""
 
 
-def _http_status(exc: BaseException) -> int:
-    response = getattr(exc, "response", None)
-    if isinstance(response, dict):
-        return int(response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0)
-    return 0
+def use_retries(client: Any, policy: RetryPolicy) -> Any:
+    """Put botocore's standard retry handler, with our limits, on a client (also one given)."""
+    if not hasattr(getattr(client, "meta", None), "events"):
+        return client   # not a botocore client (a test double): nothing to configure
+    from botocore.retries import quota, standard
+
+    class Conditions(standard.StandardRetryConditions):
+        def is_retryable(self, context: Any) -> bool:
+            return context.get_error_code() not in CAPACITY_CODES and super().is_retryable(context)
+
+    class Backoff(standard.BaseRetryBackoff):
+        def delay_amount(self, context: Any) -> float:
+            return random.random() * min(policy.base_s * 2 ** (context.attempt_number - 1),
+                                         policy.max_s)
+
+    checker = standard.RetryQuotaChecker(quota.RetryQuota())
+    handler = standard.RetryHandler(
+        retry_policy=standard.RetryPolicy(
+            retry_checker=Conditions(max_attempts=policy.attempts), retry_backoff=Backoff()),
+        retry_event_adapter=standard.RetryEventAdapter(), retry_quota=checker)
+    name = client.meta.service_model.service_id.hyphenize()
+    events = client.meta.events
+    # Same ids as botocore's own registration, so ours replaces it (and a second call, ours).
+    for event, fn, uid in ((f"needs-retry.{name}", handler.needs_retry, f"retry-config-{name}"),
+                           (f"after-call.{name}", checker.release_retry_quota,
+                            f"spotrun-retry-quota-{name}")):
+        events.unregister(event, unique_id=uid)
+        events.register(event, fn, unique_id=uid)
+    return client
 
 
-def is_retryable(exc: BaseException) -> bool:
-    """True for throttling, 5xx and dropped connections; never for capacity errors."""
-    from botocore.exceptions import ConnectionError as BotoConnectionError
-
-    if isinstance(exc, BotoConnectionError):
-        return True
-    code = error_code(exc)
-    if code in CAPACITY_CODES:
-        return False
-    return code in THROTTLING_CODES or _http_status(exc) >= 500
-
-
-def call(policy: RetryPolicy, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-    """fn(*args, **kwargs), retried with jittered exponential back-off while is_retryable."""
-    retrying = Retrying(
-        stop=stop_after_attempt(policy.attempts),
-        wait=wait_random_exponential(multiplier=policy.base_s, max=policy.max_s),
-        retry=retry_if_exception(is_retryable),
-        reraise=True,
-        before_sleep=lambda rs: log.info("aws retry %s after %s", rs.attempt_number,
-                                         error_code(rs.outcome.exception()) or "error"),
-    )
-    return retrying(fn, *args, **kwargs)
-
-
-def make_client(service: str, *, region: str, endpoint_url: str = "") -> Any:
-    """A boto3 client for service with botocore retries off (tenacity does them)."""
+def make_client(service: str, *, region: str, endpoint_url: str = "",
+                retry: RetryPolicy | None = None) -> Any:
+    """A boto3 client for service, retrying in botocore with `retry` (default RetryPolicy())."""
     try:
         import boto3
         from botocore.config import Config
@@ -104,16 +95,19 @@ def make_client(service: str, *, region: str, endpoint_url: str = "") -> Any:
         raise ProviderError("boto3 is not installed", hint="pip install boto3") from exc
     custom = endpoint_url or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get(
         "AWS_ENDPOINT_URL")
-    cfg = Config(region_name=region, retries={"total_max_attempts": 1, "mode": "standard"},
+    policy = retry or RetryPolicy()
+    cfg = Config(region_name=region,
+                 retries={"mode": "standard", "total_max_attempts": policy.attempts},
                  connect_timeout=10, read_timeout=60,
                  # A custom endpoint (moto) has no virtual-host bucket DNS.
                  s3={"addressing_style": "path"} if custom else None)
     session = boto3.session.Session()
-    return session.client(service, region_name=region, endpoint_url=endpoint_url or None,
-                          config=cfg)
+    return use_retries(session.client(service, region_name=region,
+                                      endpoint_url=endpoint_url or None, config=cfg), policy)
 
 
 def clients_from_settings(settings: Any, *services: str) -> dict[str, Any]:
     """{service: client} for the given services, from Settings (region, aws.endpoint_url)."""
-    return {s: make_client(s, region=settings.region, endpoint_url=settings.aws.endpoint_url)
-            for s in services}
+    policy = RetryPolicy.from_settings(settings.aws)
+    return {s: make_client(s, region=settings.region, endpoint_url=settings.aws.endpoint_url,
+                           retry=policy) for s in services}

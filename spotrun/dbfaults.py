@@ -14,11 +14,9 @@ import fcntl
 import os
 import sqlite3
 import struct
-import threading
-import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from spotrun.errors import DatabaseError
 
@@ -255,24 +253,34 @@ def _file_lock(lock_path: Path, timeout_s: float, what: str) -> Iterator[None]:
     except OSError as exc:
         raise _fail(what, f"cannot create its lock file {lock_path} ({exc.strerror})",
                     "give spotrun's user write access to the database's folder") from None
+    def locked() -> bool:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            if exc.errno not in (errno.EAGAIN, errno.EACCES):
+                raise
+            return False
+        return True
+
     try:
-        deadline = time.monotonic() + timeout_s
-        pause = threading.Event()
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except OSError as exc:
-                if exc.errno not in (errno.EAGAIN, errno.EACCES):
-                    raise
-            if time.monotonic() >= deadline:
-                raise _fail(what, f"is locked by another process setting up its schema "
-                            f"(gave up after {timeout_s:g} s)",
-                            f"a process holds {lock_path}; is one frozen?")
-            pause.wait(_POLL_S)
+        if not _poll(locked, timeout_s, _POLL_S):
+            raise _fail(what, f"is locked by another process setting up its schema "
+                        f"(gave up after {timeout_s:g} s)",
+                        f"a process holds {lock_path}; is one frozen?")
         yield
     finally:
         os.close(fd)   # closing drops the flock
+
+
+def _poll(try_once: Callable[[], bool], timeout_s: float, pause_s: float) -> bool:
+    """try_once() until it returns True or timeout_s has passed (tenacity); False on timeout."""
+    from tenacity import RetryError, Retrying, retry_if_result, stop_after_delay, wait_fixed
+    try:
+        Retrying(stop=stop_after_delay(timeout_s), wait=wait_fixed(pause_s),
+                 retry=retry_if_result(lambda ok: not ok))(try_once)
+    except RetryError:
+        return False
+    return True
 
 
 _PG_LOCK_KEY = 0x5370_6F74   # "Spot": one advisory lock id for spotrun's schema
@@ -282,16 +290,16 @@ _PG_LOCK_KEY = 0x5370_6F74   # "Spot": one advisory lock id for spotrun's schema
 def _pg_lock(engine: Any, timeout_s: float) -> Iterator[None]:
     from sqlalchemy import text
     with engine.connect() as conn:
-        deadline = time.monotonic() + timeout_s
-        pause = threading.Event()
-        while not conn.execute(text("SELECT pg_try_advisory_lock(:k)"),
-                               {"k": _PG_LOCK_KEY}).scalar():
+        def locked() -> bool:
+            if conn.execute(text("SELECT pg_try_advisory_lock(:k)"), {"k": _PG_LOCK_KEY}).scalar():
+                return True
             conn.rollback()
-            if time.monotonic() >= deadline:
-                raise _fail(where(str(engine.url)), "is locked by another process setting up "
-                            f"its schema (gave up after {timeout_s:g} s)",
-                            "another spotrun is upgrading it; is one stuck?")
-            pause.wait(_POLL_S * 5)
+            return False
+
+        if not _poll(locked, timeout_s, _POLL_S * 5):
+            raise _fail(where(str(engine.url)), "is locked by another process setting up "
+                        f"its schema (gave up after {timeout_s:g} s)",
+                        "another spotrun is upgrading it; is one stuck?")
         conn.commit()
         try:
             yield

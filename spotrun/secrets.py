@@ -39,8 +39,8 @@ def boto3_client_factory(region: str, endpoint_url: str | None = None) -> Client
 
     def make(service: str) -> Any:
         if service not in cache:
-            import boto3
-            cache[service] = boto3.client(service, region_name=region, endpoint_url=endpoint_url)
+            from spotrun.aws_clients import make_client
+            cache[service] = make_client(service, region=region, endpoint_url=endpoint_url or "")
         return cache[service]
 
     return make

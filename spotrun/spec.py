@@ -23,7 +23,8 @@ NAME_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
 ENV_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 SECRET_RE = re.compile(r"^(env:[A-Za-z_][A-Za-z0-9_]*|ssm:/\S+|secretsmanager:\S+)$")
 COUNT_RANGE_RE = re.compile(r"^\s*(\d+)\s*-\s*(\d+)\s*$")
-CHECKPOINT_URI_RE = re.compile(r"^(s3://[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9](/[^\s]*)?|file:///[^\s]*)$")
+CHECKPOINT_URI_RE = re.compile(
+    r"^(s3://[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9](/[^\s]*)?|file:///[^\s]*)$")
 Precision = Literal["fp32", "tf32", "fp16", "bf16", "fp8"]
 Optimizer = Literal["adamw", "adam", "sgd", "adafactor", "lion"]
 Sharding = Literal["none", "fsdp"]
@@ -405,5 +406,6 @@ def parse_spec(raw: Any, *, base_dir: Path, instance_types: Iterable[str], zones
 
 def _refuse_multi_node(res: Resources) -> None:
     if res.nodes > MAX_MULTI_NODE:
-        raise SpecError("multi-node jobs are not supported yet; allowed: 1", field="resources.nodes",
-                        value=res.nodes, hint="run on one node with more GPUs per node")
+        raise SpecError("multi-node jobs are not supported yet; allowed: 1",
+                        field="resources.nodes", value=res.nodes,
+                        hint="run on one node with more GPUs per node")

@@ -98,16 +98,15 @@ def _reconcile(refs: list[str], as_json: bool, bad: object) -> None:
         raise BadInputError("needs provider = \"aws\" (Cost Explorer bills AWS usage)",
                             field="--reconcile", value=settings.provider)
     from spotrun.audit.reconcile import reconcile
-    from spotrun.aws_clients import RetryPolicy, call, make_client
+    from spotrun.aws_clients import RetryPolicy, make_client
     from spotrun.db import utcnow
     # Cost Explorer has one endpoint, in us-east-1, whatever region the instances ran in.
-    ce = make_client("ce", region="us-east-1", endpoint_url=settings.aws.endpoint_url)
-    policy = RetryPolicy.from_settings(settings.aws)
+    ce = make_client("ce", region="us-east-1", endpoint_url=settings.aws.endpoint_url,
+                     retry=RetryPolicy.from_settings(settings.aws))
     engine = open_state_db(settings, refs[0] if refs else None)
     with session(engine) as s:
         jobs = _jobs(s, refs)
-        lines = reconcile(s, jobs, ce, now=utcnow(),
-                          call=lambda fn, **kw: call(policy, fn, **kw))
+        lines = reconcile(s, jobs, ce, now=utcnow())
     if as_json:
         echo_json([ln.to_dict() for ln in lines])
         return

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any, Callable
 
-from spotrun.aws_clients import (CAPACITY_CODES, RetryPolicy, call, error_code,
-                                 make_client)
+from spotrun.aws_clients import (CAPACITY_CODES, RetryPolicy, error_code, make_client,
+                                 use_retries)
 from spotrun.catalog import Catalog, load_catalog
 from spotrun.errors import CapacityError, ConfigError, ProviderError
 from spotrun.providers.aws_launch import TAG_TOKEN, LaunchConfig, build_calls
@@ -66,14 +66,14 @@ class AwsProvider:
                  clock: Callable[[], datetime] = _utcnow,
                  capacity_cooldown_s: float = 600.0, advisor: AdvisorFeed | None = None,
                  placement_scores: bool = True) -> None:
-        self.ec2 = ec2
+        self.retry = retry or RetryPolicy()
+        self.ec2 = use_retries(ec2, self.retry)
         self.cfg = launch
         self.region = region
         self.catalog = catalog or load_catalog("aws")
-        self.retry = retry or RetryPolicy()
         self.clock = clock
         self.capacity_cooldown_s = capacity_cooldown_s
-        self.prices = SpotPrices(ec2, self.retry, clock)
+        self.prices = SpotPrices(ec2, clock)
         self.capacity_failures: list[CapacityFailure] = []
         self._zones: list[str] | None = sorted(launch.subnets) or None
         self._first_seen_ended: dict[str, datetime] = {}
@@ -96,7 +96,7 @@ class AwsProvider:
                    placement_scores=aws.placement_scores)
 
     def _call(self, method: str, **kw: Any) -> Any:
-        return call(self.retry, getattr(self.ec2, method), **kw)
+        return getattr(self.ec2, method)(**kw)   # botocore retries with self.retry
 
     # ------------------------------------------------------------ basics
 

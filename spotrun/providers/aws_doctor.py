@@ -7,7 +7,7 @@ from enum import Enum
 from typing import Any, Callable
 from urllib.parse import urlparse
 
-from spotrun.aws_clients import RetryPolicy, call, error_code, make_client
+from spotrun.aws_clients import RetryPolicy, error_code, make_client
 from spotrun.catalog import load_catalog
 from spotrun.errors import ConfigError
 from spotrun.providers.aws_launch import LaunchConfig
@@ -62,7 +62,8 @@ class AwsDoctor:
         """A client per service, built once."""
         if service not in self._clients:
             self._clients[service] = make_client(service, region=self.settings.region,
-                                                 endpoint_url=self.settings.aws.endpoint_url)
+                                                 endpoint_url=self.settings.aws.endpoint_url,
+                                                 retry=self.retry)
         return self._clients[service]
 
     def _run(self, name: str, fn: Callable[[], Check | list[Check]]) -> list[Check]:
@@ -89,12 +90,12 @@ class AwsDoctor:
 
     def credentials(self) -> Check:
         """Who are we."""
-        ident = call(self.retry, self.client("sts").get_caller_identity)
+        ident = self.client("sts").get_caller_identity()
         return Check("credentials", Status.OK, f"account {ident['Account']} as {ident['Arn']}")
 
     def region(self) -> Check:
         """The region answers and has zones."""
-        zones = call(self.retry, self.client("ec2").describe_availability_zones)
+        zones = self.client("ec2").describe_availability_zones()
         names = sorted(z["ZoneName"] for z in zones.get("AvailabilityZones", []))
         if not names:
             return Check("region", Status.FIX, f"{self.settings.region} lists no zones")
@@ -112,8 +113,8 @@ class AwsDoctor:
             code, label = SPOT_QUOTAS[fam]
             name = f"spot quota {fam}*"
             try:
-                q = call(self.retry, self.client("service-quotas").get_service_quota,
-                         ServiceCode="ec2", QuotaCode=code)
+                q = self.client("service-quotas").get_service_quota(
+                    ServiceCode="ec2", QuotaCode=code)
             except Exception as exc:  # noqa: BLE001
                 out.append(Check(name, Status.UNKNOWN,
                                  f"{label} ({code}): {error_code(exc) or type(exc).__name__}"))
@@ -132,8 +133,7 @@ class AwsDoctor:
         if not ami:
             return Check("ami", Status.FIX, "set aws.ami_id (e.g. an AWS Deep Learning AMI)")
         try:
-            images = call(self.retry, self.client("ec2").describe_images,
-                          ImageIds=[ami])["Images"]
+            images = self.client("ec2").describe_images(ImageIds=[ami])["Images"]
         except Exception as exc:
             if "InvalidAMIID" in error_code(exc):
                 images = []
@@ -152,8 +152,8 @@ class AwsDoctor:
         cfg = LaunchConfig.from_settings(self.settings.aws)
         if not cfg.subnets:
             return Check("subnets", Status.OK, "none set: the default VPC's subnet per zone")
-        found = call(self.retry, self.client("ec2").describe_subnets,
-                     Filters=[{"Name": "subnet-id", "Values": list(cfg.subnets.values())}])
+        found = self.client("ec2").describe_subnets(
+            Filters=[{"Name": "subnet-id", "Values": list(cfg.subnets.values())}])
         zone_of = {s["SubnetId"]: s["AvailabilityZone"] for s in found.get("Subnets", [])}
         bad = [f"{z}={s}" + (" (missing)" if s not in zone_of else f" (is in {zone_of[s]})")
                for z, s in cfg.subnets.items() if zone_of.get(s) != z]
@@ -166,8 +166,8 @@ class AwsDoctor:
         ids = list(self.settings.aws.security_group_ids)
         if not ids:
             return Check("security groups", Status.OK, "none set: the VPC's default group")
-        found = call(self.retry, self.client("ec2").describe_security_groups,
-                     Filters=[{"Name": "group-id", "Values": ids}])
+        found = self.client("ec2").describe_security_groups(
+            Filters=[{"Name": "group-id", "Values": ids}])
         have = {g["GroupId"] for g in found.get("SecurityGroups", [])}
         missing = [g for g in ids if g not in have]
         if missing:
@@ -183,8 +183,8 @@ class AwsDoctor:
                          "agent needs a role to reach the store (see docs/aws.md)")
         name = arn.rsplit("/", 1)[-1]
         try:
-            prof = call(self.retry, self.client("iam").get_instance_profile,
-                        InstanceProfileName=name)["InstanceProfile"]
+            prof = self.client("iam").get_instance_profile(
+                InstanceProfileName=name)["InstanceProfile"]
         except Exception as exc:
             if error_code(exc) == "NoSuchEntity":
                 return Check("instance profile", Status.FIX, f"{name} does not exist")
@@ -202,7 +202,7 @@ class AwsDoctor:
             return Check("store", Status.FIX, f"{uri} is not on S3: instances cannot reach "
                          "it; set store_uri = \"s3://bucket/prefix\"")
         try:
-            call(self.retry, self.client("s3").head_bucket, Bucket=parsed.netloc)
+            self.client("s3").head_bucket(Bucket=parsed.netloc)
         except Exception as exc:
             if error_code(exc) in ("404", "NoSuchBucket", "403", "AccessDenied"):
                 return Check("store", Status.FIX, f"bucket {parsed.netloc}: "

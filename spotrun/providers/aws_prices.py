@@ -5,7 +5,6 @@ from __future__ import annotations
 from datetime import datetime, timedelta, timezone
 from typing import Any, Callable
 
-from spotrun.aws_clients import RetryPolicy, call
 from spotrun.providers.base import PricePoint
 
 PRODUCT = "Linux/UNIX"
@@ -14,10 +13,8 @@ PRODUCT = "Linux/UNIX"
 class SpotPrices:
     """Reads spot prices through one EC2 client, caching the current price per pool."""
 
-    def __init__(self, ec2: Any, retry: RetryPolicy, clock: Callable[[], datetime],
-                 ttl_s: float = 300.0) -> None:
+    def __init__(self, ec2: Any, clock: Callable[[], datetime], ttl_s: float = 300.0) -> None:
         self.ec2 = ec2
-        self.retry = retry
         self.clock = clock
         self.ttl = timedelta(seconds=ttl_s)
         self._cache: dict[tuple[str, str], tuple[datetime, float | None]] = {}
@@ -29,9 +26,9 @@ class SpotPrices:
         if hit is not None and now - hit[0] < self.ttl:
             return hit[1]
         # StartTime = now makes EC2 return the point in effect now, newest first.
-        resp = call(self.retry, self.ec2.describe_spot_price_history,
-                    InstanceTypes=[instance_type], AvailabilityZone=zone, StartTime=now,
-                    EndTime=now, ProductDescriptions=[PRODUCT], MaxResults=10)
+        resp = self.ec2.describe_spot_price_history(
+            InstanceTypes=[instance_type], AvailabilityZone=zone, StartTime=now,
+            EndTime=now, ProductDescriptions=[PRODUCT], MaxResults=10)
         rows = [r for r in resp.get("SpotPriceHistory", [])
                 if r.get("AvailabilityZone") == zone and r.get("InstanceType") == instance_type]
         price = None
@@ -52,8 +49,8 @@ class SpotPrices:
         points: dict[tuple[str, datetime], PricePoint] = {}
         token = ""
         while True:
-            resp = call(self.retry, self.ec2.describe_spot_price_history,
-                        **(kw | ({"NextToken": token} if token else {})))
+            resp = self.ec2.describe_spot_price_history(
+                **(kw | ({"NextToken": token} if token else {})))
             for r in resp.get("SpotPriceHistory", []):
                 if zones and r["AvailabilityZone"] not in zones:
                     continue

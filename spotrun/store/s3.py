@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
-from spotrun.aws_clients import RetryPolicy, call, error_code, make_client
+from spotrun.aws_clients import RetryPolicy, error_code, make_client, use_retries
 from spotrun.errors import ChecksumMismatch, ConfigError, ObjectNotFound, StoreError
 from spotrun.store.base import ObjectInfo, ProgressFn, join_key, validate_key
 from spotrun.store.localfile import write_atomic
@@ -40,9 +40,9 @@ class S3Store:
             raise ConfigError("s3 store needs a bucket", field="store_uri", value=bucket)
         self.bucket = bucket
         self.prefix = prefix.strip("/")
-        self.client = client if client is not None else make_client(
-            "s3", region=os.environ.get("AWS_DEFAULT_REGION", "us-east-1"))
         self.retry = retry or RetryPolicy()
+        self.client = use_retries(client, self.retry) if client is not None else make_client(
+            "s3", region=os.environ.get("AWS_DEFAULT_REGION", "us-east-1"), retry=self.retry)
         self.part_size = max(MIN_PART_SIZE, part_size)
         self.multipart_threshold = multipart_threshold
         self.page_size = page_size
@@ -63,7 +63,7 @@ class S3Store:
         return join_key(self.prefix, validate_key(key))
 
     def _call(self, method: str, **kw: Any) -> Any:
-        return call(self.retry, getattr(self.client, method), **kw)
+        return getattr(self.client, method)(**kw)   # botocore retries (aws_clients)
 
     def sub(self, prefix: str) -> "S3Store":
         """A view rooted at prefix (same client)."""
@@ -203,8 +203,7 @@ class S3Store:
                 PaginationConfig={"PageSize": self.page_size})
             return [o for page in pages for o in page.get("Contents", [])]
         try:
-            # A throttled page restarts the listing: a listing is a snapshot, not a stream.
-            return call(self.retry, every_page)
+            return every_page()
         except Exception as exc:
             raise _wrap(exc, full_prefix) from None
 
