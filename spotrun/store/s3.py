@@ -158,10 +158,18 @@ class S3Store:
                 raise ObjectNotFound("no such object", field="key", value=key) from None
             raise _wrap(exc, key) from None
 
-    def get_bytes(self, key: str) -> bytes:
+    def get_bytes(self, key: str, progress: ProgressFn | None = None) -> bytes:
         """The whole object, its SHA256 checked against the recorded one."""
         resp = self._get(key)
-        data = resp["Body"].read()
+        if progress is None:
+            data = resp["Body"].read()
+        else:   # streamed, so a long read (a checkpoint restore) can show how far it is
+            total, done, chunks = int(resp.get("ContentLength", 0)), 0, []
+            for chunk in resp["Body"].iter_chunks(_READ_CHUNK):
+                chunks.append(chunk)
+                done += len(chunk)
+                progress(done, total)
+            data = b"".join(chunks)
         expected = (resp.get("Metadata") or {}).get(META_SHA)
         if expected and _sha(data) != expected:
             raise ChecksumMismatch("sha256 differs from the recorded one", field="key",

@@ -36,6 +36,7 @@ from spotrun.checkpoints import checkpoint_name, list_complete, list_names, read
 from spotrun.errors import ChecksumMismatch, ConfigError, ObjectNotFound, StoreError
 from spotrun.store import open_store
 from spotrun.store.base import ObjectStore
+from spotrun.store.progress import network_progress
 from spotrun.torch import envconf
 from spotrun.torch.dist import DistContext
 from spotrun.torch.flatten import Slot, decode
@@ -283,7 +284,8 @@ class Checkpointer(StateMixin):
         partial = set(list_names(self.store)) - set(list_complete(self.store))
         for name in self._candidates():
             try:
-                manifest, meta, data = read_checkpoint(self.store, name)
+                with network_progress(self.store, f"restoring {name}") as progress:
+                    manifest, meta, data = read_checkpoint(self.store, name, progress=progress)
                 tree = decode(meta["structure"], [Slot.from_json(s) for s in meta["slots"]], data,
                               copy=False)
             except (ChecksumMismatch, ObjectNotFound, StoreError, KeyError, ValueError) as exc:

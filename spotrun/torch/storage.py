@@ -22,8 +22,9 @@ from spotrun.checkpoints import (TORCH_KIND, TORCH_META, Manifest, check_file, c
                                  checkpoint_name, read_manifest, torch_shard_name,
                                  write_manifest)
 from spotrun.errors import CheckpointError, ObjectNotFound, StoreError
-from spotrun.store.base import ObjectStore, validate_key
+from spotrun.store.base import ObjectStore, ProgressFn, validate_key
 from spotrun.store.file import FileStore
+from spotrun.store.progress import ByteTally
 from spotrun.torch.snapshot import Snapshot
 
 SHARD_BYTES = 64 * 1024 * 1024
@@ -93,7 +94,8 @@ def _sha(data: Any) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def _read_into(store: ObjectStore, key: str, dest: memoryview) -> int:
+def _read_into(store: ObjectStore, key: str, dest: memoryview,
+               progress: ProgressFn | None = None) -> int:
     """Read an object into dest; returns its size (more than len(dest) means too long)."""
     if isinstance(store, FileStore):
         # Straight from the file into the restore buffer: no intermediate bytes object.
@@ -112,16 +114,17 @@ def _read_into(store: ObjectStore, key: str, dest: memoryview) -> int:
                 return got
         except (FileNotFoundError, NotADirectoryError):
             raise ObjectNotFound("no such object", field="key", value=key) from None
-    data = store.get_bytes(key)
+    data = store.get_bytes(key, progress=progress) if progress else store.get_bytes(key)
     if len(data) == len(dest):
         dest[:] = data
     return len(data)
 
 
-def _read_hashed(store: ObjectStore, key: str, dest: memoryview) -> tuple[int, str | None]:
+def _read_hashed(store: ObjectStore, key: str, dest: memoryview,
+                 progress: ProgressFn | None = None) -> tuple[int, str | None]:
     """Read an object into dest and hash it; (size, sha256 hex, None if the size is wrong)."""
     if not isinstance(store, FileStore):
-        got = _read_into(store, key, dest)
+        got = _read_into(store, key, dest, progress)
         return got, (_sha(dest) if got == len(dest) else None)
     path = store.root / validate_key(key)
     try:
@@ -169,7 +172,8 @@ def restore_buffer(nbytes: int) -> torch.Tensor:
     return torch.frombuffer(mm, dtype=torch.uint8)
 
 
-def read_checkpoint(store: ObjectStore, name: str, *, readers: int | None = None
+def read_checkpoint(store: ObjectStore, name: str, *, readers: int | None = None,
+                    progress: ProgressFn | None = None
                     ) -> tuple[Manifest, dict[str, Any], torch.Tensor]:
     """Read and verify one checkpoint in a single pass over its data.
 
@@ -177,6 +181,7 @@ def read_checkpoint(store: ObjectStore, name: str, *, readers: int | None = None
     judge a checkpoint exactly as this restore does. Shards are read straight into one
     buffer and hashed by `readers` threads at once (file reads and hashlib release the
     GIL), so restore runs at the disk's speed rather than one core's SHA256 speed.
+    `progress(bytes_done, bytes_total)` follows the shards' bytes (an S3 store streams them).
     """
     m = read_manifest(store, name)
     if m.extra.get("kind") != KIND:
@@ -196,10 +201,12 @@ def read_checkpoint(store: ObjectStore, name: str, *, readers: int | None = None
         pos += size
     data = restore_buffer(nbytes)
     view = memoryview(data.numpy()).cast("B") if nbytes else memoryview(b"")
+    tally = ByteTally(progress, nbytes) if progress else None
 
     def one(part: tuple[str, int, int]) -> None:
         fname, at, size = part
-        got, digest = _read_hashed(store, f"{name}/{fname}", view[at:at + size])
+        got, digest = _read_hashed(store, f"{name}/{fname}", view[at:at + size],
+                                   tally.part(fname) if tally else None)
         check_file(name, fname, m.files[fname], got, digest if got == size else None)
 
     workers = max(1, min(readers or READERS, len(parts)))
