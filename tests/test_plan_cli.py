@@ -109,3 +109,46 @@ def test_zones_option_limits_the_pools(home: Path) -> None:
     res = _run(home, str(path), "--json", "--zones", "us-east-1a,us-east-1f")
     assert res.exit_code == 0, res.output
     assert {r["zone"] for r in json.loads(res.output)["candidates"]} == {"us-east-1a", "us-east-1f"}
+
+
+# ------------------------------------------------------------ wording (issue 17)
+
+def _spec(tmp_path: Path, work: str) -> Path:
+    path = tmp_path / "job.yaml"
+    path.write_text(f"name: words\ncommand: python t.py\nresources: {{instance_types: "
+                    f"[p3.2xlarge]}}\n{work}")
+    return path
+
+
+def _header(output: str) -> str:
+    # The first line may wrap on a narrow console: the header is everything above the table.
+    return " ".join(output.split(" ── ")[0].split("─")[0].split())
+
+
+def test_total_steps_alone_is_named_not_called_no_work(home: Path, tmp_path: Path) -> None:
+    res = _run(home, str(_spec(tmp_path, "work: {total_steps: 1000}\n")), "--top", "2")
+    assert res.exit_code == 0, res.output
+    head = _header(res.output)
+    assert "1000 steps (work.total_steps)" in head and "rates only" in head
+    assert "no work" not in head.lower()
+    bare = _run(home, str(_spec(tmp_path, "")), "--top", "2")
+    assert "work.reference_hours" in _header(bare.output)
+
+
+def test_offline_plan_says_its_prices_are_the_catalogs(home: Path, tmp_path: Path) -> None:
+    res = _run(home, str(_spec(tmp_path, "")), "--top", "2")
+    assert res.exit_code == 0, res.output
+    assert "prices: catalog prices" in _header(res.output) and "--live" in _header(res.output)
+
+
+def test_expected_dollars_show_cents(home: Path, tmp_path: Path) -> None:
+    path = _spec(tmp_path, "work: {reference_hours: 3, reference_instance: p3.2xlarge}\n")
+    res = _run(home, str(path), "--top", "3")
+    assert res.exit_code == 0, res.output
+    out = json.loads(_run(home, str(path), "--json").output)
+    ref_line = next(ln for ln in res.output.splitlines() if ln.strip().startswith("ref "))
+    usd = out["reference"]["expected_usd"]
+    assert f"{usd:,.2f}" in ref_line.split() and round(usd) != usd   # cents, not dollars
+    first = next(ln for ln in res.output.splitlines() if ln.strip().startswith("1 "))
+    cell = first.split()[10]
+    assert cell == f"{out['candidates'][0]['expected_usd']:,.2f}" and cell[-3] == "."

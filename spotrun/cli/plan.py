@@ -47,7 +47,7 @@ def plan(spec_file: str, as_json: bool, zones_opt: tuple[str, ...], live: bool, 
     if as_json:
         echo_json(placed.to_dict())
         return
-    _print(placed, spec.name, top)
+    _print(placed, spec.name, top, spec.work.total_steps)
 
 
 def _zones(zones_opt: tuple[str, ...], known: list[str]) -> list[str]:
@@ -72,16 +72,30 @@ def _row(c: Candidate, rank: str, scale: float) -> list[str]:
             f"{c.checkpoint_interval_s / 60:.0f} min"]
 
 
-def _print(placed: Placement, name: str, top: int) -> None:
+def _work_text(work_reference_hours: float | None, total_steps: int | None) -> str:
+    """What the plan knows of the job's size, in the spec's own terms."""
+    if work_reference_hours is not None:
+        return f"{work_reference_hours:.1f} reference-hours of work"
+    if total_steps is not None:
+        return (f"{total_steps} steps (work.total_steps), no measured speed yet: rates only "
+                "(work.reference_hours gives hours and $)")
+    return "size unknown (give work.reference_hours or work.total_steps): rates only"
+
+
+def _prices_text(source: str) -> str:
+    """Where the $/h figures come from; the catalog's are list prices, not a market's."""
+    if source == "catalog snapshot":
+        return "catalog prices (the packaged snapshot, not a live market; --live for that)"
+    return source
+
+
+def _print(placed: Placement, name: str, top: int, total_steps: int | None = None) -> None:
     # The table needs ~130 columns; a narrower (or piped) console would elide the figures.
     console = Console(width=max(Console().width, 132))
     r = placed.ranking
-    work = r.work_reference_hours
-    what = (f"{work:.1f} reference-hours of work" if work is not None
-            else "no work amount known (work.reference_hours, or a measured speed for "
-                 "work.total_steps): rates only")
+    what = _work_text(r.work_reference_hours, total_steps)
     console.print(f"[bold]spotrun plan: {name}[/]: {what}; speedup is over "
-                  f"{r.reference_instance}; prices: {placed.market.source}")
+                  f"{r.reference_instance}; prices: {_prices_text(placed.market.source)}")
     table = Table(box=box.SIMPLE_HEAD, pad_edge=False)
     for col in ("#", "type", "zone", "market", "GPUs", "$/h", "speedup", "progress", "$/ref-h",
                 "exp. h", "exp. $", "reclaims/h", "ckpt"):
