@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 from functools import cache
+from types import UnionType
 from typing import Annotated, Any, Iterable, Union, get_args, get_origin, get_type_hints
 
 from pydantic import TypeAdapter, ValidationError, WrapValidator
@@ -85,13 +86,11 @@ def _walk(root: Any, loc: list[Any]) -> tuple[Any, str | None]:
     """Follow `loc` through dataclass fields: (the last dataclass, the deepest description)."""
     cls, desc = root, None
     for part in loc:
-        if not (isinstance(part, str) and dataclasses.is_dataclass(cls)):
+        if not (isinstance(part, str) and dataclasses.is_dataclass(cls)) \
+                or part not in _hints(cls):
             break
-        typ = _hints(cls).get(part)
-        if typ is None:
-            break
-        desc = _description(typ) or desc
-        cls = _unwrap(typ)
+        cls, here = _peel(_hints(cls)[part])
+        desc = here or desc
     return cls, desc
 
 
@@ -100,36 +99,19 @@ def _hints(cls: type) -> dict[str, Any]:
     return get_type_hints(cls, include_extras=True)
 
 
-def _description(typ: Any) -> str | None:
-    """The outermost `Field(description=...)` in an Annotated type (through `X | None`)."""
+def _peel(typ: Any) -> tuple[Any, str | None]:
+    """The class under Annotated and `| None`, and the outermost Field description met."""
+    desc = None
     while True:
         if get_origin(typ) is Annotated:
-            for meta in typ.__metadata__:
-                if isinstance(meta, FieldInfo) and meta.description:
-                    return meta.description
+            desc = desc or next((m.description for m in typ.__metadata__
+                                 if isinstance(m, FieldInfo) and m.description), None)
             typ = get_args(typ)[0]
             continue
         args = [a for a in get_args(typ) if a is not type(None)]
-        if get_origin(typ) in (Union, _UnionType) and len(args) == 1:
-            typ = args[0]
-            continue
-        return None
-
-
-def _unwrap(typ: Any) -> Any:
-    """The class under Annotated and `| None`."""
-    while True:
-        if get_origin(typ) is Annotated:
-            typ = get_args(typ)[0]
-            continue
-        args = [a for a in get_args(typ) if a is not type(None)]
-        if get_origin(typ) in (Union, _UnionType) and len(args) == 1:
-            typ = args[0]
-            continue
-        return typ
-
-
-_UnionType = type(int | None)
+        if get_origin(typ) not in (Union, UnionType) or len(args) != 1:
+            return typ, desc
+        typ = args[0]
 
 
 def _or_none(value: Any, handler: Any) -> Any:

@@ -10,7 +10,7 @@ import re
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
-from typing import Annotated, Any, Iterable, Literal, get_args
+from typing import Annotated, Any, Callable, Iterable, Literal, get_args
 
 import yaml
 from pydantic import AfterValidator, BeforeValidator, ConfigDict, Field, Strict, ValidationInfo
@@ -35,35 +35,25 @@ _STRICT = ConfigDict(extra="forbid")
 
 # ---------------------------------------------------------------- validators
 
-def _ctx(info: ValidationInfo) -> dict[str, Any] | None:
-    """The submit-time context (catalog, zones, base_dir, now); None for a stored spec."""
-    return info.context
+def _known(kind: str, message: Callable[[str, set[str]], str]) -> AfterValidator:
+    """A name that must be in the submit-time context's set (no context: a stored spec)."""
+    def check(value: str, info: ValidationInfo) -> str:
+        allowed = (info.context or {}).get(kind)
+        if allowed is not None and value not in allowed:
+            raise fail(message(value, allowed))
+        return value
+    return AfterValidator(check)
 
 
-def _catalog_type(value: str, info: ValidationInfo) -> str:
-    types = (_ctx(info) or {}).get("types")
-    if types is not None and value not in types:
-        raise fail(f"unknown instance type {value!r}; allowed: a catalog type such as "
-                   f"{', '.join(sorted(types)[:4])}, ...")
-    return value
-
-
-def _zone(value: str, info: ValidationInfo) -> str:
-    zones = (_ctx(info) or {}).get("zones")
-    if zones is not None and value not in zones:
-        raise fail(f"unknown zone {value!r}; allowed: {', '.join(sorted(zones))}")
-    return value
-
-
-def _reference(value: str, info: ValidationInfo) -> str:
-    types = (_ctx(info) or {}).get("types")
-    if types is not None and value not in types:
-        raise fail("must be an instance type in the catalog")
-    return value
+_CATALOG_TYPE = _known("types", lambda v, types: (
+    f"unknown instance type {v!r}; allowed: a catalog type such as "
+    f"{', '.join(sorted(types)[:4])}, ..."))
+_ZONE = _known("zones", lambda v, zones: f"unknown zone {v!r}; allowed: {', '.join(sorted(zones))}")
+_REFERENCE = _known("types", lambda v, types: "must be an instance type in the catalog")
 
 
 def _workdir(value: str, info: ValidationInfo) -> str:
-    ctx = _ctx(info)
+    ctx = info.context
     if ctx is None:
         return value
     path = (ctx["base_dir"] / value).resolve()
@@ -131,9 +121,9 @@ Secrets = Annotated[
     dict[EnvKey, Annotated[str, Strict(), Field(pattern=SECRET_RE.pattern)]],
     BeforeValidator(_empty_if_none),
     Field(description="env:NAME, ssm:/path or secretsmanager:NAME")]
-InstanceTypes = Annotated[tuple[Annotated[str, AfterValidator(_catalog_type)], ...],
+InstanceTypes = Annotated[tuple[Annotated[str, _CATALOG_TYPE], ...],
                           BeforeValidator(_str_list)]
-Zones = Annotated[tuple[Annotated[str, AfterValidator(_zone)], ...], BeforeValidator(_str_list)]
+Zones = Annotated[tuple[Annotated[str, _ZONE], ...], BeforeValidator(_str_list)]
 Outputs = Annotated[tuple[Annotated[str, AfterValidator(_relative)], ...],
                     BeforeValidator(_str_list)]
 
@@ -154,7 +144,7 @@ def _resources_in(raw: Any, info: ValidationInfo) -> Any:
     if not isinstance(raw, dict):
         return raw
     m = dict(raw)
-    for key in Resources._stored_only if _ctx(info) is not None else ():
+    for key in Resources._stored_only if info.context is not None else ():
         if key in m:   # the stored form of a range: the spec says "MIN-MAX"
             raise fail(f"unknown field; allowed here: {', '.join(field_names(Resources))}", key)
     if isinstance(m.get("gpus"), str):
@@ -178,7 +168,7 @@ def _scaling_in(raw: Any, info: ValidationInfo) -> Any:
     """work.scaling: {gpus: speedup over one GPU}, stored as sorted ((gpus, speedup), ...)."""
     if raw is None:
         return ()
-    if isinstance(raw, (list, tuple)) and _ctx(info) is None:
+    if isinstance(raw, (list, tuple)) and info.context is None:
         return tuple((int(n), float(v)) for n, v in raw)
     try:
         if not isinstance(raw, dict) or not raw:
@@ -202,7 +192,7 @@ def _policy_in(raw: Any, info: ValidationInfo) -> Any:
         return {}
     if not isinstance(raw, dict):
         return raw
-    m, ctx = dict(raw), _ctx(info)
+    m, ctx = dict(raw), info.context
     if "deadline" in m and "deadline_hours" in m:
         raise fail("give deadline or deadline_hours, not both", "deadline")
     now = (ctx or {}).get("now") or datetime.now(timezone.utc)
@@ -289,7 +279,7 @@ class WorkSpec:
 
     total_steps: Annotated[int, Strict(), Field(ge=1, description="an integer >= 1")] | None = None
     reference_hours: Positive | None = None
-    reference_instance: Annotated[str, Strict(), AfterValidator(_reference), Field(
+    reference_instance: Annotated[str, Strict(), _REFERENCE, Field(
         description="an instance type in the catalog")] | None = None
     # ((gpus, speedup), ...); () = catalog default
     scaling: Annotated[tuple[tuple[int, float], ...], BeforeValidator(_scaling_in)] = ()
