@@ -58,3 +58,18 @@ def test_env_overrides_db_url(tmp_path, monkeypatch):
     assert load_settings(str(tmp_path)).database_url == "sqlite:////tmp/elsewhere.db"
     monkeypatch.delenv("SPOTRUN_DB_URL")
     assert load_settings(str(tmp_path)).database_url.endswith("spotrun.db")
+
+
+@pytest.mark.parametrize("toml,field,says", [
+    ('[aws]\nretry_attempts = true\n', "aws.retry_attempts", "an integer >= 0"),
+    ('[aws]\nplacement_scores = 1\n', "aws.placement_scores", "true or false"),
+    ('daemon = 3\n', "daemon", "must be a mapping"),
+    ('[local]\npools = ["a", 2]\n', "local.pools[1]", "a list of strings"),
+    ('[daemon]\nbogus = 1\n', "daemon.bogus", "allowed here: deadman_timeout_s"),
+])
+def test_bad_setting_says_what_is_allowed_in_one_line(tmp_path, toml, field, says):
+    (tmp_path / "spotrun.toml").write_text(toml)
+    with pytest.raises(ConfigError) as info:
+        load_settings(str(tmp_path))
+    assert info.value.field == field and says in str(info.value)
+    assert "\n" not in str(info.value)
