@@ -85,6 +85,12 @@ class MotoServer:
             "Client.InstanceInitiatedShutdown: Instance initiated shutdown",
             "Client.InstanceInitiatedShutdown")
 
+    def backdate_launch(self, instance_id: str, seconds: float) -> None:
+        """The instance was launched `seconds` earlier (a test cannot wait an hour to bill)."""
+        from datetime import timedelta
+        inst = _ec2_backend().get_instance(instance_id)
+        inst.launch_time = inst.launch_time - timedelta(seconds=seconds)
+
     def instance_attr(self, instance_id: str, name: str) -> Any:
         """An attribute of moto's in-process instance (e.g. 'lifecycle')."""
         return getattr(_ec2_backend().get_instance(instance_id), name)

@@ -15,7 +15,7 @@
 - Fault Injection Service: moto keeps the templates and experiments; StartExperiment of an
   `aws:ec2:send-spot-instance-interruptions` action also does what EC2 then does: a notice for
   each target now (on_notice hooks; the IMDS fakes serve it), and after
-  durationBeforeInterruption x fis_time_scale the instance is reclaimed
+  durationBeforeInterruption x fis_time_scale (default 0.01) the instance is reclaimed
   (Server.SpotInstanceTermination).
 """
 
@@ -73,7 +73,7 @@ class LayerState:
     capacity: dict[tuple[str, str], int] = field(default_factory=dict)
     placement_groups: dict[str, str] = field(default_factory=dict)   # name -> strategy
     notices: dict[str, str] = field(default_factory=dict)    # instance id -> action time (ISO)
-    fis_time_scale: float = 1.0
+    fis_time_scale: float = 0.01   # FIS minutes pass in hundredths (2 min notice: 1.2 s)
     timers: list[threading.Timer] = field(default_factory=list)
     notice_hooks: list[Callable[[str, str], None]] = field(default_factory=list)
 
