@@ -23,17 +23,17 @@ from __future__ import annotations
 
 import hashlib
 import io
-import json
 import re
 import threading
 import uuid
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timezone
 from typing import Any, Callable
 from urllib.parse import parse_qsl, urlencode
 from xml.sax.saxutils import escape
 
-EC2_NS = "http://ec2.amazonaws.com/doc/2016-11-15/"
+from .moto_layer_multinode import EC2_NS, MultiNodeActs
+
 _IDEMPOTENT = ("RunInstances", "CreateFleet")
 # AWS ignores these when comparing a retried request with the first one.
 _VOLATILE = ("ClientToken",)
@@ -78,12 +78,10 @@ class LayerState:
     notice_hooks: list[Callable[[str, str], None]] = field(default_factory=list)
 
 
-FIS_ACTION = "aws:ec2:send-spot-instance-interruptions"
 _FIS_SCOPE = re.compile(r"Credential=[^/]+/\d{8}/[^/]+/fis/aws4_request")
-_ISO_DURATION = re.compile(r"^PT(?:(\d+)H)?(?:(\d+)M)?(?:(\d+)S)?$")
 
 
-class FaultLayer:
+class FaultLayer(MultiNodeActs):
     """WSGI middleware around moto's DomainDispatcherApplication."""
 
     def __init__(self, app: Callable[..., Any], zone_of_subnet: Callable[[str], str],
@@ -338,75 +336,6 @@ class FaultLayer:
                 del out[k]
         return out
 
-    def _create_placement_group(self, start_response, params, call):
-        name = params.get("GroupName", "")
-        with self.lock:
-            exists = name in self.state.placement_groups
-            if not exists:
-                self.state.placement_groups[name] = params.get("Strategy", "")
-        if exists:
-            call.status = 400
-            return self._error(start_response, 400, "InvalidPlacementGroup.Duplicate", True)
-        call.status = 200
-        out = (b'<?xml version="1.0" encoding="UTF-8"?><CreatePlacementGroupResponse xmlns="'
-               + EC2_NS.encode() + b'"><requestId>' + str(uuid.uuid4()).encode()
-               + b"</requestId><return>true</return><placementGroup><groupName>"
-               + escape(name).encode() + b"</groupName><strategy>"
-               + escape(params.get("Strategy", "")).encode()
-               + b"</strategy><state>available</state></placementGroup>"
-               + b"</CreatePlacementGroupResponse>")
-        start_response("200 OK", [("Content-Type", "text/xml"),
-                                   ("Content-Length", str(len(out)))])
-        return [out]
-
-    def _describe_placement_groups(self, start_response, call):
-        call.status = 200
-        items = b"".join(b"<item><groupName>%s</groupName><strategy>%s</strategy>"
-                         b"<state>available</state></item>" % (escape(n).encode(),
-                                                               escape(st).encode())
-                         for n, st in sorted(self.placement_groups().items()))
-        out = (b'<?xml version="1.0" encoding="UTF-8"?><DescribePlacementGroupsResponse xmlns="'
-               + EC2_NS.encode() + b'"><requestId>' + str(uuid.uuid4()).encode()
-               + b"</requestId><placementGroupSet>" + items + b"</placementGroupSet>"
-               + b"</DescribePlacementGroupsResponse>")
-        start_response("200 OK", [("Content-Type", "text/xml"),
-                                   ("Content-Length", str(len(out)))])
-        return [out]
-
-    def _start_experiment(self, environ, start_response, action, params, call):
-        """moto starts the experiment; the layer then interrupts its spot targets."""
-        status, headers, out = self._run(environ, action, params)
-        call.status = status
-        if status < 400:
-            self._interrupt_targets(json.loads(out or b"{}").get("experiment") or {})
-        start_response(f"{status} {'OK' if status < 400 else 'Error'}", headers)
-        return [out]
-
-    def _interrupt_targets(self, experiment: dict[str, Any]) -> None:
-        targets = experiment.get("targets") or {}
-        for action in (experiment.get("actions") or {}).values():
-            if action.get("actionId") != FIS_ACTION:
-                continue
-            delay_s = _iso_duration_s((action.get("parameters") or {}).get(
-                "durationBeforeInterruption", "PT2M"))
-            for name in (action.get("targets") or {}).values():
-                for arn in (targets.get(name) or {}).get("resourceArns") or []:
-                    self._spot_interruption(arn.rsplit("/", 1)[-1], delay_s)
-
-    def _spot_interruption(self, instance_id: str, delay_s: float) -> None:
-        at = datetime.now(timezone.utc) + timedelta(seconds=delay_s)
-        when = at.strftime("%Y-%m-%dT%H:%M:%SZ")
-        with self.lock:
-            self.state.notices[instance_id] = when
-            hooks = list(self.state.notice_hooks)
-            timer = threading.Timer(delay_s * self.state.fis_time_scale, self.reclaim,
-                                    [instance_id])
-            timer.daemon = True
-            self.state.timers.append(timer)
-        for hook in hooks:
-            hook(instance_id, when)
-        timer.start()
-
     def _prices(self, start_response, params):
         types = {v for k, v in params.items() if k.startswith("InstanceType.")}
         zone = params.get("AvailabilityZone")
@@ -515,14 +444,6 @@ _token_locks_guard = threading.Lock()
 def _token_lock(token: str) -> threading.Lock:
     with _token_locks_guard:
         return _token_locks.setdefault(token, threading.Lock())
-
-
-def _iso_duration_s(text: str) -> float:
-    m = _ISO_DURATION.match(text or "")
-    if not m:
-        return 120.0
-    h, mi, se = (int(x or 0) for x in m.groups())
-    return h * 3600.0 + mi * 60.0 + se
 
 
 def _fingerprint(params: dict[str, str]) -> str:

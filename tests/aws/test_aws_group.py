@@ -136,3 +136,37 @@ def test_interrupt_refuses_on_demand_and_unknown_instances(provider, moto):
     with pytest.raises(BadInputError):
         provider.interrupt(["i-0123456789abcdef0"])
     assert moto.layer.calls("fis:POST /experiments") == []
+
+
+def test_fis_notice_reaches_the_instance_metadata(provider, moto):
+    from .harness import ImdsServer
+    [info] = provider.launch_group(provider.plan_launch(group("grp-imds", count=1, ranks=(0,))))
+    imds = ImdsServer(info.instance_id)
+    try:
+        moto.layer.on_notice(lambda iid, when: iid == info.instance_id
+                             and imds.notice("terminate", when))
+        assert _instance_action(imds.url) is None
+        provider.interrupt([info.instance_id], notice_s=120)
+        action = _instance_action(imds.url)
+        assert action == {"action": "terminate", "time": moto.layer.notices()[info.instance_id]}
+    finally:
+        imds.stop()
+
+
+def _instance_action(url: str) -> dict | None:
+    """IMDSv2 as an agent asks it: a token, then spot/instance-action (404: no notice)."""
+    import urllib.error
+    import urllib.request
+    put = urllib.request.Request(f"{url}/latest/api/token", method="PUT",
+                                 headers={"X-aws-ec2-metadata-token-ttl-seconds": "60"})
+    with urllib.request.urlopen(put, timeout=10) as resp:
+        token = resp.read().decode()
+    get = urllib.request.Request(f"{url}/latest/meta-data/spot/instance-action",
+                                 headers={"X-aws-ec2-metadata-token": token})
+    try:
+        with urllib.request.urlopen(get, timeout=10) as resp:
+            return json.loads(resp.read())
+    except urllib.error.HTTPError as exc:
+        if exc.code == 404:
+            return None
+        raise
