@@ -139,8 +139,8 @@ class GroupActs:
         raw = self._raw_instances(ids)
         missing = [i for i in ids if i not in raw]
         if missing:
-            raise BadInputError("no such instance managed by spotrun", field="instance_id",
-                                value=missing[0])
+            raise BadInputError("no running instance spotrun manages has this id",
+                                field="instance_id", value=missing[0])
         for iid, (inst, _owner) in raw.items():
             if inst.get("InstanceLifecycle") != "spot":
                 raise BadInputError("only spot instances can be interrupted; it is on-demand",

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from polling import wait_for
-from spotrun.errors import BadInputError, CapacityError
+from spotrun.errors import BadInputError, CapacityError, ConfigError
 from spotrun.providers.aws import AwsProvider
 from spotrun.providers.base import TAG_NODE, LaunchRequest, Pool
 from spotrun.states import InstanceState, Market, TerminationCause
@@ -170,3 +170,10 @@ def _instance_action(url: str) -> dict | None:
         if exc.code == 404:
             return None
         raise
+
+
+def test_single_launch_refuses_a_group_request(provider, moto):
+    with pytest.raises(ConfigError) as ei:
+        provider.launch(provider.plan_launch(group("grp-single")))
+    assert ei.value.field == "count"
+    assert moto.layer.calls("CreateFleet") == []
