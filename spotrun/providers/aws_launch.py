@@ -220,6 +220,8 @@ def build_group_calls(cfg: LaunchConfig, request: LaunchRequest, efa_types: froz
     placement group where the type has EFA and ONE instant fleet for all `count` instances."""
     if request.count < 1:
         raise ConfigError("must be >= 1", field="count", value=request.count)
+    if request.count > 1:   # ranks are tagged per instance after the launch, never all alike
+        request = replace(request, tags={k: v for k, v in request.tags.items() if k != TAG_NODE})
     # A group is always one fleet, whatever aws.launch_api says: it needs the template.
     calls = list(build_calls(replace(cfg, launch_api="fleet"),
                              replace(request, candidates=request.candidates[:1]),
@@ -249,10 +251,12 @@ def _group_fleet_call(cfg: LaunchConfig, request: LaunchRequest, i: int, pool: P
     key = "SpotOptions" if pool.market is Market.SPOT else "OnDemandOptions"
     params[key].update({"MinTargetCapacity": request.count, "SingleInstanceType": True,
                         "SingleAvailabilityZone": True})
-    if request.count == 1:   # one rank: it can be tagged at launch (a group is tagged after)
-        tags = dict(instance_tags(request), **{TAG_NODE: str(request.rank_of(0))})
-        params["TagSpecifications"] = [
-            {"ResourceType": kind, "Tags": [{"Key": k, "Value": v}
-                                            for k, v in sorted(tags.items())]}
-            for kind in ("instance", "fleet")]
+    # Fleet tags every instance alike: one rank can be tagged at launch, a group's are tagged
+    # after (a TAG_NODE in request.tags would give every node the same rank).
+    tags = {k: v for k, v in instance_tags(request).items() if k != TAG_NODE}
+    if request.count == 1:
+        tags[TAG_NODE] = str(request.rank_of(0))
+    params["TagSpecifications"] = [
+        {"ResourceType": kind, "Tags": [{"Key": k, "Value": v} for k, v in sorted(tags.items())]}
+        for kind in ("instance", "fleet")]
     return call

@@ -177,3 +177,11 @@ def test_single_launch_refuses_a_group_request(provider, moto):
         provider.launch(provider.plan_launch(group("grp-single")))
     assert ei.value.field == "count"
     assert moto.layer.calls("CreateFleet") == []
+
+
+def test_a_node_tag_in_the_request_does_not_give_every_node_one_rank(provider, moto):
+    req = group("grp-tagged")
+    req = LaunchRequest(**{**req.__dict__, "tags": {**req.tags, TAG_NODE: "0"}})
+    infos = provider.launch_group(provider.plan_launch(req))
+    assert sorted(i.tags[TAG_NODE] for i in provider.describe(job_id="job-g")) == ["0", "1"]
+    assert [i.tags[TAG_NODE] for i in infos] == ["0", "1"]
