@@ -112,3 +112,13 @@ def test_plan_shows_a_70b_fsdp_job_on_two_nodes_per_node_and_total(
     assert (f"{first['price_usd_per_hour']:.3f} x2 = "
             f"{first['total_price_usd_per_hour']:.2f}") in table.output
     assert "2 nodes: $/h = per node x nodes = total" in table.output
+
+
+def test_catalog_says_which_types_have_efa() -> None:
+    cat = load_catalog()
+    # moto's DescribeInstanceTypes EfaSupported (catalog-facts.md [S4]).
+    want = {"g4dn.12xlarge", "g4dn.metal", "g5.12xlarge", "g5.48xlarge", "g6.12xlarge",
+            "g6.48xlarge", "g6e.12xlarge", "g6e.48xlarge", "p3dn.24xlarge", "p4d.24xlarge",
+            "p4de.24xlarge", "p5.48xlarge", "p5e.48xlarge", "p5en.48xlarge"}
+    assert all(isinstance(t.extra.get("efa"), bool) for t in cat.types.values())
+    assert {n for n, t in cat.types.items() if t.efa} == want
