@@ -32,6 +32,11 @@ class InstanceType:
             return self.od_usd_per_hour[region]
         return next(iter(self.od_usd_per_hour.values()), None)
 
+    @property
+    def efa(self) -> bool:
+        """True when the type has EFA between nodes (catalog `efa`; no data = False)."""
+        return bool(self.extra.get("efa", False))
+
 
 @dataclass(frozen=True)
 class Catalog:

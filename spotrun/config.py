@@ -105,6 +105,7 @@ class AwsSettings:
     spot_advisor_url: Str = "https://spot-bid-advisor.s3.amazonaws.com/spot-advisor-data.json"
     spot_advisor_max_age_s: Num = 86400.0   # refetch the cached advisor file after this
     placement_scores: Bool = True             # ask ec2 get_spot_placement_scores per type
+    fis_role_arn: Str = ""                    # FIS role for `spotrun interrupt`; "" = spotrun-fis
 
 
 @dataclass(frozen=True)

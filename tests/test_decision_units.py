@@ -70,7 +70,7 @@ def test_eight_gpus_follow_the_scaling_table(home: Path, tmp_path: Path) -> None
 
 @pytest.mark.parametrize("name,body,field,words", [
     ("big", "model: {params_billion: 70, sharding: none}\n", "model.sharding",
-     ["1190 GB per GPU", "H200", "fsdp"]),
+     ["1155 GB per GPU", "H200", "fsdp"]),
     ("wide", "resources: {gpus: 16}\n", "resources.gpus", ["16 GPUs per node", "the most is 8"]),
     ("filtered", "model: {params_billion: 7}\nresources: {instance_types: [g5.xlarge]}\n",
      "resources.instance_types", ["types that can", "p5e"]),

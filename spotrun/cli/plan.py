@@ -65,7 +65,9 @@ def _fmt(x: float | None, spec: str) -> str:
 
 def _row(c: Candidate, rank: str, scale: float) -> list[str]:
     return [rank, c.instance_type, c.zone, "od" if c.market is Market.ON_DEMAND else "spot",
-            f"{c.gpus}/{c.node_gpus}", _fmt(c.price_usd_per_hour, ".3f"),
+            (f"{c.nodes}x" if c.nodes > 1 else "") + f"{c.gpus}/{c.node_gpus}",
+            _fmt(c.price_usd_per_hour, ".3f") + (
+                f" x{c.nodes} = {c.price_usd_per_hour * c.nodes:.2f}" if c.nodes > 1 else ""),
             _fmt(c.speedup, ".2f"), _fmt(c.progress_fraction, ".1%"),
             _fmt(c.usd_per_reference_hour, ".3f"), _fmt(c.expected_hours, ".1f"),
             _fmt(c.expected_usd, ",.2f"), _fmt(c.reclaims_per_hour, ".2f"),
@@ -91,8 +93,9 @@ def _prices_text(source: str) -> str:
 
 def _print(placed: Placement, name: str, top: int, total_steps: int | None = None) -> None:
     # The table needs ~130 columns; a narrower (or piped) console would elide the figures.
-    console = Console(width=max(Console().width, 132))
     r = placed.ranking
+    multi = r.candidates[0].nodes if r.candidates else 1   # "$/h x N = total" needs ~20 more
+    console = Console(width=max(Console().width, 132 if multi == 1 else 152))
     what = _work_text(r.work_reference_hours, total_steps)
     console.print(f"[bold]spotrun plan: {name}[/]: {what}; speedup is over "
                   f"{r.reference_instance}; prices: {_prices_text(placed.market.source)}")
@@ -113,6 +116,9 @@ def _print(placed: Placement, name: str, top: int, total_steps: int | None = Non
     console.print(table)
     console.print("GPUs = used/on the node (the whole node is paid); ( ) = not launched now; "
                   "exp. = expected for the remaining work")
+    if multi > 1:
+        console.print(f"{multi} nodes: $/h = per node x nodes = total; speedup and "
+                      f"exp. are for all nodes together (EFA types scale better across nodes)")
     if len(shown) < len(rows):
         console.print(f"... {len(rows) - len(shown)} more candidates "
                       f"(--top 0 for all, --json for every figure)")

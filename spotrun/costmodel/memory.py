@@ -22,8 +22,23 @@ GRAD_BYTES_PER_PARAM = {"fp32": 4.0, "tf32": 4.0, "fp16": 2.0, "bf16": 2.0, "fp8
 # Activation allowance per GPU: 1 byte per parameter (about a bf16 half-copy of the weights, a
 # micro-batch with activation checkpointing), at least 1 GB. Activations are per GPU: fsdp does
 # not split them. An assumption: resources.gpu_memory_gb overrides the whole estimate.
+# Above 7B the allowance grows as params^0.7, not linearly: checkpointed activations scale with
+# layers x hidden width (x sequence x micro-batch), and layers x width grows as params^0.7 across
+# the Llama 2 shapes (7B 32x4096, 13B 40x5120, 70B 80x8192: x5.0 for x10 params; Touvron et al.
+# 2023, table 1). 70B: 7 GB x 10^0.7 = 35 GB, not 70.
 ACTIVATION_BYTES_PER_PARAM = 1.0
 ACTIVATION_MIN_GB = 1.0
+ACTIVATION_LINEAR_UP_TO_B = 7.0
+ACTIVATION_EXPONENT = 0.7
+
+
+def activation_gb(params_b: float) -> float:
+    """Per-GPU activation allowance in GB for a model of params_b billion parameters."""
+    linear = params_b * ACTIVATION_BYTES_PER_PARAM
+    if params_b > ACTIVATION_LINEAR_UP_TO_B:
+        linear = (ACTIVATION_LINEAR_UP_TO_B * ACTIVATION_BYTES_PER_PARAM
+                  * (params_b / ACTIVATION_LINEAR_UP_TO_B) ** ACTIVATION_EXPONENT)
+    return max(ACTIVATION_MIN_GB, linear)
 
 
 @dataclass(frozen=True)
@@ -46,7 +61,7 @@ def memory_need(spec: JobSpec, gpus_total: int) -> MemoryNeed | None:
     state = params_b * STATE_BYTES_PER_PARAM[spec.model.optimizer]
     if spec.model.sharding == "fsdp":
         state /= max(gpus_total, 1)
-    act = max(ACTIVATION_MIN_GB, params_b * ACTIVATION_BYTES_PER_PARAM)
+    act = activation_gb(params_b)
     return MemoryNeed(need_gb=state + act, explicit=False, state_gb=state, activation_gb=act)
 
 

@@ -1,4 +1,8 @@
-"""Training speed of an instance type relative to the job's reference: per-GPU speed x scaling."""
+"""Training speed of an instance type relative to the job's reference: per-GPU speed x scaling.
+
+Across nodes the same curve is read at nodes x GPUs; the gain over one node is kept in full
+between EFA types and only in part without EFA (catalog `node_scaling`).
+"""
 
 from __future__ import annotations
 
@@ -62,12 +66,22 @@ def gpu_speed(catalog: Catalog, itype: InstanceType, precision: str) -> float:
     return float(row[group])
 
 
+def node_factor(catalog: Catalog, itype: InstanceType) -> float:
+    """Share of the cross-node gain kept: node_scaling.efa on EFA types, else .no_efa."""
+    table = catalog.meta.get("node_scaling") or {}
+    return float(table.get("efa" if itype.efa else "no_efa", 1.0 if itype.efa else 0.64))
+
+
 def instance_speed(catalog: Catalog, itype: InstanceType, *, precision: str, sharding: str,
-                   scaling: ScalingCurve, gpus: int | None = None) -> float:
-    """Throughput in V100 units of `gpus` GPUs of the type (default all): per-GPU speed x
-    scaling(GPUs) x interconnect."""
+                   scaling: ScalingCurve, gpus: int | None = None, nodes: int = 1) -> float:
+    """Throughput in V100 units of `nodes` nodes of `gpus` GPUs of the type (default all):
+    per-GPU speed x scaling(GPUs) x interconnect, plus the kept share of the nodes' gain."""
     n = itype.gpus if gpus is None else gpus
-    speed = gpu_speed(catalog, itype, precision) * scaling(n)
+    one = scaling(n)
+    total = one
+    if nodes > 1:
+        total = one + (scaling(n * nodes) - one) * node_factor(catalog, itype)
+    speed = gpu_speed(catalog, itype, precision) * total
     if sharding == "fsdp" and n > 1 and itype.extra.get("interconnect") == "pcie":
         speed *= float(catalog.meta.get("sharded_pcie_factor", 1.0))
     return speed

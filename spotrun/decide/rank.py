@@ -34,7 +34,7 @@ class Candidate:
     zone: str
     market: Market
     price_usd_per_hour: float      # per node, the whole node
-    speedup: float                 # throughput over the reference (1.0 = same)
+    speedup: float                 # throughput of all nodes over the reference (1.0 = same)
     progress_fraction: float       # share of billed time that becomes kept progress
     usd_per_reference_hour: float  # price x nodes / (speedup x progress_fraction)
     expected_hours: float | None   # for the remaining work; None without `work`
@@ -51,6 +51,7 @@ class Candidate:
     reclaims_source: str = "none"  # where the reclaim rate came from (tags, e.g. trace+observed)
     reclaims_detail: str = ""      # one human line: which family, zone, files, observations
     misses_deadline: bool = False
+    efa: bool = False              # nodes talk over EFA (catalog); scales better across nodes
 
     @property
     def reclaims_per_hour(self) -> float:
@@ -78,7 +79,7 @@ class Candidate:
                 "reclaims_per_hour_source": self.reclaims_source,
                 "reclaims_per_hour_detail": self.reclaims_detail,
                 "checkpoint_interval_s": r(self.checkpoint_interval_s, 1),
-                "misses_deadline": self.misses_deadline}
+                "misses_deadline": self.misses_deadline, "efa": self.efa}
 
 
 @dataclass(frozen=True)
@@ -136,9 +137,9 @@ def rank(spec: JobSpec, *, catalog: Catalog, market: MarketSnapshot, history: Hi
     ref_type = catalog.get(ref_name)
     ref_gpus = min(spec.resources.gpus, ref_type.gpus)
 
-    def speed_of(t: InstanceType, g: int) -> float:
+    def speed_of(t: InstanceType, g: int, n: int = 1) -> float:
         return instance_speed(catalog, t, precision=spec.model.precision,
-                              sharding=spec.model.sharding, scaling=scaling, gpus=g)
+                              sharding=spec.model.sharding, scaling=scaling, gpus=g, nodes=n)
 
     ref_speed = speed_of(ref_type, ref_gpus)
     sps_ref = _sps_reference(catalog, job, ref_name, lambda t: speed_of(t, ref_gpus) / ref_speed)
@@ -168,8 +169,8 @@ def rank(spec: JobSpec, *, catalog: Catalog, market: MarketSnapshot, history: Hi
                     continue
                 best = None
                 for g in counts:
-                    speedup = _speedup(name, g, speed_of(t, g) / ref_speed, job, sps_ref,
-                                       counts)
+                    speedup = _speedup(name, g, speed_of(t, g, nodes) / ref_speed, job,
+                                       sps_ref, counts)
                     c = _candidate(t, z, m, price, speedup, g, spec, priors, risk,
                                    pools.get((name, z)), per_type_restart.get(name), work_h,
                                    nodes, job, hours_left)
@@ -272,7 +273,8 @@ def _candidate(t: InstanceType, zone: str, market: Market, price: float, speedup
                      mtbf_h=(mtbf_h * max(nodes, 1)) if mtbf_h is not None else None,
                      restart_s=restart_s, checkpoint_cost_s=ckpt_s,
                      speed_source="measured" if t.name in job.steps_per_s else "catalog",
-                     reclaims_source=source, reclaims_detail=detail, misses_deadline=misses)
+                     reclaims_source=source, reclaims_detail=detail, misses_deadline=misses,
+                     efa=t.efa)
 
 
 def _risk_prior(risk: Any, priors: Priors, itype: str, zone: str

@@ -12,8 +12,8 @@ from dataclasses import replace
 from typing import Any
 
 from spotrun.catalog import Catalog
-from spotrun.costmodel.memory import (ACTIVATION_BYTES_PER_PARAM, ACTIVATION_MIN_GB, GIB_TO_GB,
-                                      HEADROOM, STATE_BYTES_PER_PARAM, memory_need)
+from spotrun.costmodel.memory import (GIB_TO_GB, HEADROOM, STATE_BYTES_PER_PARAM, activation_gb,
+                                      memory_need)
 from spotrun.decide.core import fastest, is_never
 from spotrun.decide.rank import Ranking, rank
 from spotrun.errors import SpecError
@@ -78,7 +78,7 @@ def _memory_refusal(spec: JobSpec, catalog: Catalog, max_node: int) -> SpecError
                          value=need.need_gb, hint="lower it, or shard the model (fsdp)")
     params = spec.model.params_billion or 0.0
     state = params * STATE_BYTES_PER_PARAM[spec.model.optimizer]
-    act = max(ACTIVATION_MIN_GB, params * ACTIVATION_BYTES_PER_PARAM)
+    act = activation_gb(params)
     room = usable - act
     field = "model.sharding" if spec.model.sharding == "none" else "resources.gpus"
     msg = (f"needs {need.need_gb:.0f} GB per GPU; the largest is {best.gpu} with {usable:.0f} "

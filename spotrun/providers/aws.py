@@ -18,7 +18,8 @@ from spotrun.aws_clients import (CAPACITY_CODES, RetryPolicy, error_code, make_c
                                  use_retries)
 from spotrun.catalog import Catalog, load_catalog
 from spotrun.errors import CapacityError, ConfigError, ProviderError
-from spotrun.providers.aws_launch import TAG_TOKEN, LaunchConfig, build_calls
+from spotrun.providers.aws_group import GroupActs
+from spotrun.providers.aws_launch import TAG_TOKEN, LaunchConfig, build_calls, build_group_calls
 from spotrun.providers.aws_prices import SpotPrices
 from spotrun.providers.aws_risk import AdvisorFeed, AwsRisk
 from spotrun.providers.base import (TAG_JOB, TAG_MANAGED, InstanceInfo, LaunchPlan,
@@ -56,8 +57,8 @@ def _utcnow() -> datetime:
     return datetime.now(timezone.utc)
 
 
-class AwsProvider:
-    """EC2 behind the Provider interface."""
+class AwsProvider(GroupActs):
+    """EC2 behind the Provider interface (group launch and interrupt: aws_group.GroupActs)."""
 
     name = "aws"
 
@@ -65,9 +66,12 @@ class AwsProvider:
                  catalog: Catalog | None = None, retry: RetryPolicy | None = None,
                  clock: Callable[[], datetime] = _utcnow,
                  capacity_cooldown_s: float = 600.0, advisor: AdvisorFeed | None = None,
-                 placement_scores: bool = True) -> None:
+                 placement_scores: bool = True, fis: Any = None,
+                 fis_role_arn: str = "") -> None:
         self.retry = retry or RetryPolicy()
         self.ec2 = use_retries(ec2, self.retry)
+        self._fis = fis             # a boto3 "fis" client, or a () -> client (made when needed)
+        self.fis_role_arn = fis_role_arn
         self.cfg = launch
         self.region = region
         self.catalog = catalog or load_catalog("aws")
@@ -93,7 +97,10 @@ class AwsProvider:
         return cls(ec2=client, launch=LaunchConfig.from_settings(aws), region=settings.region,
                    retry=RetryPolicy.from_settings(aws), clock=clock,
                    capacity_cooldown_s=aws.capacity_cooldown_s, advisor=advisor,
-                   placement_scores=aws.placement_scores)
+                   placement_scores=aws.placement_scores,
+                   fis=lambda: make_client("fis", region=settings.region,
+                                           endpoint_url=aws.endpoint_url),
+                   fis_role_arn=aws.fis_role_arn)
 
     def _call(self, method: str, **kw: Any) -> Any:
         return getattr(self.ec2, method)(**kw)   # botocore retries with self.retry
@@ -140,9 +147,17 @@ class AwsProvider:
     # ------------------------------------------------------------ launch
 
     def plan_launch(self, request: LaunchRequest) -> LaunchPlan:
-        """Pure: the EC2 calls a launch makes (user data elided)."""
+        """Pure: the EC2 calls a launch (or, for count > 1, a group launch) makes."""
+        if request.count > 1:
+            return LaunchPlan(provider=self.name, request=request, calls=build_group_calls(
+                self.cfg, request, self._efa_types(request), elide_user_data=True))
         return LaunchPlan(provider=self.name, request=request,
                           calls=build_calls(self.cfg, request, elide_user_data=True))
+
+    def _efa_types(self, request: LaunchRequest) -> frozenset[str]:
+        return frozenset(p.instance_type for p in request.candidates
+                         if p.instance_type in self.catalog
+                         and self.catalog.get(p.instance_type).efa)
 
     def pools_cooling(self) -> set[str]:
         """Pool keys that refused capacity within the cooldown (for the scheduler)."""
@@ -158,6 +173,9 @@ class AwsProvider:
     def launch(self, plan: LaunchPlan) -> InstanceInfo:
         """Try the calls in order; the first instance started wins."""
         request = plan.request
+        if request.count != 1:
+            raise ConfigError("launch starts one instance; a group goes through launch_group",
+                              field="count", value=request.count)
         existing = self._by_token(request)
         if existing is not None:
             return existing
@@ -322,7 +340,8 @@ class AwsProvider:
                             zone=zone, market=market, state=state,
                             launched_at=_as_utc(i["LaunchTime"]), ended_at=ended, cause=cause,
                             tags=tags, price_usd_per_hour=price,
-                            client_token=tags.get(TAG_TOKEN) or i.get("ClientToken") or None)
+                            client_token=tags.get(TAG_TOKEN) or i.get("ClientToken") or None,
+                            private_ip=i.get("PrivateIpAddress") or None)
 
     def _ended_at(self, i: dict[str, Any]) -> datetime:
         """Termination time from the transition reason, else when we first saw it ended."""
@@ -339,6 +358,15 @@ class AwsProvider:
             if error_code(exc) in _NOT_FOUND:
                 return
             raise _provider_error(exc, "terminate_instances") from None
+
+    # The multi-node acts live in aws_group.GroupActs; named here so a stub cannot shadow them.
+    def launch_group(self, plan: LaunchPlan) -> list[InstanceInfo]:
+        """One instant EC2 Fleet per candidate pool for all nodes (aws_group.GroupActs)."""
+        return GroupActs.launch_group(self, plan)
+
+    def interrupt(self, instance_ids: list[str], notice_s: float = 120.0) -> None:
+        """A spot interruption through FIS, notice first (aws_group.GroupActs)."""
+        GroupActs.interrupt(self, instance_ids, notice_s)
 
 
 def _as_utc(ts: datetime) -> datetime:

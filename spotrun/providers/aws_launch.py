@@ -7,18 +7,21 @@ Two shapes, chosen by `aws.launch_api`:
 - `run_instances`: one call per candidate, spot through InstanceMarketOptions.
 Every call carries a ClientToken derived from the attempt's token, so a launch
 retried after a crash is answered with the instance already started.
+A group (multi-node) launch is one instant fleet for all its instances per candidate pool,
+in a cluster placement group where the type has EFA (build_group_calls).
 """
 
 from __future__ import annotations
 
 import hashlib
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from spotrun.errors import ConfigError
 from spotrun.providers.aws_userdata import encode_user_data, render_user_data
-from spotrun.providers.base import TAG_ATTEMPT, TAG_JOB, TAG_MANAGED, LaunchRequest, Pool
+from spotrun.providers.base import (TAG_ATTEMPT, TAG_JOB, TAG_MANAGED, TAG_NODE, LaunchRequest,
+                                    Pool)
 from spotrun.states import Market
 
 TAG_TOKEN = "spotrun:client-token"
@@ -202,3 +205,58 @@ def _fleet_call(cfg: LaunchConfig, request: LaunchRequest, g: int,
     else:
         params["OnDemandOptions"] = {"AllocationStrategy": "prioritized"}
     return {"api": "ec2.create_fleet", "params": params, "pools": [p.key() for p in group]}
+
+
+# ------------------------------------------------------------------ multi-node groups
+
+def placement_group_name(request: LaunchRequest, zone: str) -> str:
+    """The job's cluster placement group in zone (a cluster group lives in one zone)."""
+    return "spotrun-" + _LT_NAME_RE.sub("-", f"{request.job_id}-{zone}")[:200]
+
+
+def build_group_calls(cfg: LaunchConfig, request: LaunchRequest, efa_types: frozenset[str], *,
+                      elide_user_data: bool = False) -> tuple[dict[str, Any], ...]:
+    """The calls of a group launch: template, then per candidate pool (in order) a cluster
+    placement group where the type has EFA and ONE instant fleet for all `count` instances."""
+    if request.count < 1:
+        raise ConfigError("must be >= 1", field="count", value=request.count)
+    if request.count > 1:   # ranks are tagged per instance after the launch, never all alike
+        request = replace(request, tags={k: v for k, v in request.tags.items() if k != TAG_NODE})
+    # A group is always one fleet, whatever aws.launch_api says: it needs the template.
+    calls = list(build_calls(replace(cfg, launch_api="fleet"),
+                             replace(request, candidates=request.candidates[:1]),
+                             elide_user_data=elide_user_data)[:1])
+    made: set[str] = set()
+    for i, pool in enumerate(request.candidates):
+        group = placement_group_name(request, pool.zone) if pool.instance_type in efa_types \
+            else None
+        if group and group not in made:
+            made.add(group)
+            calls.append({"api": "ec2.create_placement_group", "pools": [], "params": {
+                "GroupName": group, "Strategy": "cluster",
+                "TagSpecifications": _tag_specs(request, ("placement-group",))}})
+        calls.append(_group_fleet_call(cfg, request, i, pool, group))
+    return tuple(calls)
+
+
+def _group_fleet_call(cfg: LaunchConfig, request: LaunchRequest, i: int, pool: Pool,
+                      group: str | None) -> dict[str, Any]:
+    call = _fleet_call(cfg, request, i, [pool])
+    params = call["params"]
+    params["ClientToken"] = sub_token(request.client_token, f"g{i}")
+    if group:
+        params["LaunchTemplateConfigs"][0]["Overrides"][0]["Placement"] = {"GroupName": group}
+    params["TargetCapacitySpecification"]["TotalTargetCapacity"] = request.count
+    # All or nothing from EC2 itself: below MinTargetCapacity an instant fleet launches none.
+    key = "SpotOptions" if pool.market is Market.SPOT else "OnDemandOptions"
+    params[key].update({"MinTargetCapacity": request.count, "SingleInstanceType": True,
+                        "SingleAvailabilityZone": True})
+    # Fleet tags every instance alike: one rank can be tagged at launch, a group's are tagged
+    # after (a TAG_NODE in request.tags would give every node the same rank).
+    tags = {k: v for k, v in instance_tags(request).items() if k != TAG_NODE}
+    if request.count == 1:
+        tags[TAG_NODE] = str(request.rank_of(0))
+    params["TagSpecifications"] = [
+        {"ResourceType": kind, "Tags": [{"Key": k, "Value": v} for k, v in sorted(tags.items())]}
+        for kind in ("instance", "fleet")]
+    return call

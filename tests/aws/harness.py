@@ -108,9 +108,15 @@ class InstanceHost:
         self._thread = threading.Thread(target=self._run, name="instance-host", daemon=True)
 
     def start(self) -> "InstanceHost":
-        """Start watching EC2."""
+        """Start watching EC2; a FIS interruption's notice reaches the machine's IMDS."""
+        self.moto.layer.on_notice(self._fis_notice)
         self._thread.start()
         return self
+
+    def _fis_notice(self, instance_id: str, time_iso: str) -> None:
+        m = self.machine(instance_id)
+        if m is not None:
+            m.imds.notice("terminate", time_iso)
 
     def machine(self, instance_id: str) -> Machine | None:
         """The machine playing instance_id, once booted."""

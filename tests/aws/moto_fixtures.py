@@ -61,6 +61,8 @@ class MotoServer:
                 # reset() re-runs the backend's __init__: default VPC and AMIs come back.
                 ec2_backends[ACCOUNT][REGION].reset()
                 s3_backends[ACCOUNT]["aws"].reset()
+                from moto.fis.models import fis_backends
+                fis_backends[ACCOUNT][REGION].reset()
         self.layer.reset()
 
     def stop(self) -> None:
@@ -72,13 +74,7 @@ class MotoServer:
 
     def reclaim(self, instance_id: str) -> None:
         """Terminate as EC2 reclaiming a spot instance does (Server.SpotInstanceTermination)."""
-        from moto.ec2.models.instances import StateReason
-        inst = _ec2_backend().get_instance(instance_id)
-        inst.terminate()
-        inst._reason = "Server.SpotInstanceTermination"
-        inst.state_reason = StateReason(
-            "Server.SpotInstanceTermination: Spot instance termination",
-            "Server.SpotInstanceTermination")
+        _reclaim(instance_id)
 
     def shutdown_from_inside(self, instance_id: str) -> None:
         """Terminate as `shutdown -h now` on an instance with shutdown behaviour terminate."""
@@ -89,9 +85,29 @@ class MotoServer:
             "Client.InstanceInitiatedShutdown: Instance initiated shutdown",
             "Client.InstanceInitiatedShutdown")
 
+    def backdate_launch(self, instance_id: str, seconds: float) -> None:
+        """The instance was launched `seconds` earlier (a test cannot wait an hour to bill)."""
+        from datetime import timedelta
+        inst = _ec2_backend().get_instance(instance_id)
+        inst.launch_time = inst.launch_time - timedelta(seconds=seconds)
+
     def instance_attr(self, instance_id: str, name: str) -> Any:
         """An attribute of moto's in-process instance (e.g. 'lifecycle')."""
         return getattr(_ec2_backend().get_instance(instance_id), name)
+
+
+def _reclaim(instance_id: str) -> None:
+    from moto.core.base_backend import backend_lock
+    from moto.ec2.models.instances import StateReason
+    with backend_lock:
+        inst = _ec2_backend().get_instance(instance_id)
+        if inst.state == "terminated":
+            return
+        inst.terminate()
+        inst._reason = "Server.SpotInstanceTermination"
+        inst.state_reason = StateReason(
+            "Server.SpotInstanceTermination: Spot instance termination",
+            "Server.SpotInstanceTermination")
 
 
 def moto_settings(moto: MotoServer, ec2: Any, home: str,
@@ -130,7 +146,8 @@ def start_moto() -> MotoServer:
         def log_request(self, *args: Any, **kw: Any) -> None:  # one line per call is noise
             pass
 
-    layer = FaultLayer(DomainDispatcherApplication(create_backend_app), zone_of_subnet)
+    layer = FaultLayer(DomainDispatcherApplication(create_backend_app), zone_of_subnet,
+                       reclaim=_reclaim)
     server = make_server("127.0.0.1", 0, layer, threaded=True, request_handler=QuietHandler)
     thread = threading.Thread(target=server.serve_forever, name="moto", daemon=True)
     thread.start()

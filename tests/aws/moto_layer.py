@@ -6,13 +6,24 @@
 - ClientToken idempotency: a repeated token returns the first response, a token reused
   with other parameters answers IdempotentParameterMismatch (moto ignores tokens);
 - DescribeSpotPriceHistory answers from injected change points (moto's is a constant);
-- GetSpotPlacementScores (moto lacks it) answers from injected scores per type and zone id.
+- GetSpotPlacementScores (moto lacks it) answers from injected scores per type and zone id;
+- a pool may have room for only n instances (set_capacity): an instant fleet asking for more
+  gets n and an errorSet entry for the rest (MinTargetCapacity is not enforced, so a caller
+  sees a partial fleet and must clean it up itself);
+- CreatePlacementGroup / DescribePlacementGroups (moto lacks them), and CreateFleet refuses an
+  override naming an unknown group (InvalidPlacementGroup.Unknown);
+- Fault Injection Service: moto keeps the templates and experiments; StartExperiment of an
+  `aws:ec2:send-spot-instance-interruptions` action also does what EC2 then does: a notice for
+  each target now (on_notice hooks; the IMDS fakes serve it), and after
+  durationBeforeInterruption x fis_time_scale (default 0.01) the instance is reclaimed
+  (Server.SpotInstanceTermination).
 """
 
 from __future__ import annotations
 
 import hashlib
 import io
+import re
 import threading
 import uuid
 from dataclasses import dataclass, field
@@ -21,7 +32,8 @@ from typing import Any, Callable
 from urllib.parse import parse_qsl, urlencode
 from xml.sax.saxutils import escape
 
-EC2_NS = "http://ec2.amazonaws.com/doc/2016-11-15/"
+from .moto_layer_multinode import EC2_NS, MultiNodeActs
+
 _IDEMPOTENT = ("RunInstances", "CreateFleet")
 # AWS ignores these when comparing a retried request with the first one.
 _VOLATILE = ("ClientToken",)
@@ -58,23 +70,61 @@ class LayerState:
     prices: list[tuple[str, str, datetime, float]] = field(default_factory=list)
     placement: list[tuple[str, str, str, int]] = field(default_factory=list)
     calls: list[Call] = field(default_factory=list)
+    capacity: dict[tuple[str, str], int] = field(default_factory=dict)
+    placement_groups: dict[str, str] = field(default_factory=dict)   # name -> strategy
+    notices: dict[str, str] = field(default_factory=dict)    # instance id -> action time (ISO)
+    fis_time_scale: float = 0.01   # FIS minutes pass in hundredths (2 min notice: 1.2 s)
+    timers: list[threading.Timer] = field(default_factory=list)
+    notice_hooks: list[Callable[[str, str], None]] = field(default_factory=list)
 
 
-class FaultLayer:
+_FIS_SCOPE = re.compile(r"Credential=[^/]+/\d{8}/[^/]+/fis/aws4_request")
+
+
+class FaultLayer(MultiNodeActs):
     """WSGI middleware around moto's DomainDispatcherApplication."""
 
-    def __init__(self, app: Callable[..., Any], zone_of_subnet: Callable[[str], str]) -> None:
+    def __init__(self, app: Callable[..., Any], zone_of_subnet: Callable[[str], str],
+                 reclaim: Callable[[str], None] | None = None) -> None:
         self.app = app
         self.zone_of_subnet = zone_of_subnet
+        self.reclaim = reclaim or (lambda _iid: None)
         self.lock = threading.Lock()
         self.state = LayerState()
 
     # ---------------------------------------------------------------- test API
 
     def reset(self) -> None:
-        """Forget rules, tokens, prices and calls."""
+        """Forget rules, tokens, prices and calls; cancel interruptions not yet delivered."""
         with self.lock:
+            for t in self.state.timers:
+                t.cancel()
             self.state = LayerState()
+
+    def set_capacity(self, instance_type: str, zone: str, instances: int) -> None:
+        """The pool (type, zone) has room for this many instances per fleet until reset."""
+        with self.lock:
+            self.state.capacity[(instance_type, zone)] = instances
+
+    def set_fis_time_scale(self, scale: float) -> None:
+        """Deliver FIS interruptions after durationBeforeInterruption x scale (0 = at once)."""
+        with self.lock:
+            self.state.fis_time_scale = scale
+
+    def on_notice(self, hook: Callable[[str, str], None]) -> None:
+        """Call hook(instance_id, action_time_iso) when FIS sends an instance its notice."""
+        with self.lock:
+            self.state.notice_hooks.append(hook)
+
+    def notices(self) -> dict[str, str]:
+        """Instance id -> interruption time, for every notice FIS sent."""
+        with self.lock:
+            return dict(self.state.notices)
+
+    def placement_groups(self) -> dict[str, str]:
+        """Placement group name -> strategy."""
+        with self.lock:
+            return dict(self.state.placement_groups)
 
     def fail(self, action: str, code: str, *, status: int = 400, times: int | None = 1,
              match: Callable[[dict[str, str]], bool] | None = None) -> Rule:
@@ -115,6 +165,8 @@ class FaultLayer:
         if b"Action=" in body[:4096] and environ.get("REQUEST_METHOD") == "POST":
             params = dict(parse_qsl(body.decode("utf-8"), keep_blank_values=True))
         action = params.get("Action") or f"s3:{environ.get('REQUEST_METHOD', '')}"
+        if _FIS_SCOPE.search(environ.get("HTTP_AUTHORIZATION", "")):
+            action = f"fis:{environ.get('REQUEST_METHOD', '')} {environ.get('PATH_INFO', '')}"
         call = Call(action=action, params=params)
         with self.lock:
             self.state.calls.append(call)
@@ -127,6 +179,18 @@ class FaultLayer:
         if action == "GetSpotPlacementScores":
             call.status = 200
             return self._placement_scores(start_response, params, call)
+        if action == "CreatePlacementGroup":
+            return self._create_placement_group(start_response, params, call)
+        if action == "DescribePlacementGroups":
+            return self._describe_placement_groups(start_response, call)
+        if action == "CreateFleet":
+            unknown = [v for k, v in params.items() if k.endswith(".Placement.GroupName")
+                       and v not in self.state.placement_groups]
+            if unknown:
+                call.status = 400
+                return self._error(start_response, 400, "InvalidPlacementGroup.Unknown", True)
+        if action == "fis:POST /experiments":
+            return self._start_experiment(environ, start_response, action, params, call)
         if action == "RunInstances":
             zone = self._zone(params, "Placement.AvailabilityZone", "SubnetId")
             code = self.state.no_capacity.get((params.get("InstanceType", ""), zone))
@@ -192,6 +256,7 @@ class FaultLayer:
         fleet_errors: list[tuple[dict[str, str], str]] = []
         if action == "CreateFleet":
             params, fleet_errors = self._drop_full_pools(params)
+            params = self._cap_capacity(params, fleet_errors)
             if not any(k.endswith(".InstanceType") for k in params):
                 return 200, [("Content-Type", "text/xml")], _fleet_only_errors(fleet_errors)
             body = urlencode(params).encode()
@@ -244,6 +309,32 @@ class FaultLayer:
             for sub, v in ov.items():
                 rest[f"{prefix}{i}.{sub}"] = v
         return rest, errors
+
+    def _cap_capacity(self, params: dict[str, str], errors: list) -> dict[str, str]:
+        """Lower TotalTargetCapacity to the room of the pools left; the rest is an error."""
+        prefix = "LaunchTemplateConfigs.1.Overrides."
+        pools = {}
+        for k, v in params.items():
+            if k.startswith(prefix) and k.endswith(".InstanceType"):
+                n = k[len(prefix):].split(".")[0]
+                ov = {kk[len(f"{prefix}{n}."):]: vv for kk, vv in params.items()
+                      if kk.startswith(f"{prefix}{n}.")}
+                pools[(v, self._zone(ov, "AvailabilityZone", "SubnetId"))] = ov
+        rooms = [self.state.capacity.get(p) for p in pools]
+        if not rooms or any(r is None for r in rooms):
+            return params
+        want = int(params.get("TargetCapacitySpecification.TotalTargetCapacity", "1"))
+        room = max(r for r in rooms if r is not None)
+        if room >= want:
+            return params
+        (itype, zone), ov = next(iter(pools.items()))
+        errors.append(({**ov, "AvailabilityZone": zone}, "InsufficientInstanceCapacity"))
+        out = dict(params)
+        out["TargetCapacitySpecification.TotalTargetCapacity"] = str(room)
+        if room == 0:
+            for k in [k for k in out if k.startswith(prefix)]:
+                del out[k]
+        return out
 
     def _prices(self, start_response, params):
         types = {v for k, v in params.items() if k.startswith("InstanceType.")}
