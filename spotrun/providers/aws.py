@@ -340,6 +340,14 @@ class AwsProvider:
                 return
             raise _provider_error(exc, "terminate_instances") from None
 
+    def launch_group(self, plan: LaunchPlan) -> list[InstanceInfo]:
+        """Stub until the EC2 Fleet group launch lands (mn-aws replaces it)."""
+        raise NotImplementedError("multi-node launch on AWS is not built yet")
+
+    def interrupt(self, instance_ids: list[str], notice_s: float = 120.0) -> None:
+        """Stub until the FIS interruption lands (mn-aws replaces it)."""
+        raise NotImplementedError("interrupt on AWS is not built yet")
+
 
 def _as_utc(ts: datetime) -> datetime:
     return ts.replace(tzinfo=timezone.utc) if ts.tzinfo is None else ts.astimezone(timezone.utc)

@@ -17,6 +17,7 @@ from spotrun.states import InstanceState, Market, TerminationCause
 TAG_JOB = "spotrun:job"
 TAG_ATTEMPT = "spotrun:attempt"
 TAG_MANAGED = "spotrun:managed"
+TAG_NODE = "spotrun:node"          # the node rank an instance was launched for (multi-node)
 
 
 @dataclass(frozen=True)
@@ -69,6 +70,12 @@ class LaunchRequest:
     user_data: str                  # the agent's config (JSON); cloud-init wraps it on AWS
     tags: dict[str, str] = field(default_factory=dict)
     max_price_usd_per_hour: float | None = None
+    count: int = 1                  # instances launched together, all in one pool
+    node_ranks: tuple[int, ...] = (0,)   # the ranks they will take (tagged TAG_NODE)
+
+    def rank_of(self, k: int) -> int:
+        """The node rank of the k-th instance of the request (k itself when not given)."""
+        return self.node_ranks[k] if k < len(self.node_ranks) else k
 
 
 @dataclass(frozen=True)
@@ -103,6 +110,7 @@ class InstanceInfo:
     price_usd_per_hour: float | None = None
     client_token: str | None = None
     notice_at: datetime | None = None   # interruption notice time, if the provider knows
+    private_ip: str | None = None       # where other nodes of a job reach it (multi-node)
 
 
 @dataclass(frozen=True)
@@ -136,6 +144,18 @@ class Provider(Protocol):
         Idempotent by client token: retrying returns the instance already started.
         Raises CapacityError when no candidate has capacity.
         """
+
+    def launch_group(self, plan: LaunchPlan) -> list[InstanceInfo]:
+        """Start `plan.request.count` instances together, all in the first candidate pool that
+        has room for every one of them (in rank order).
+
+        All or nothing: a partial group is terminated before CapacityError is raised.
+        Idempotent by client token: a retry returns the instances already started.
+        """
+
+    def interrupt(self, instance_ids: list[str], notice_s: float = 120.0) -> None:
+        """Send the provider's spot interruption to these instances: notice first, the reclaim
+        notice_s provider seconds later (rehearsals and tests)."""
 
     def describe(self, *, job_id: str | None = None,
                  instance_ids: list[str] | None = None) -> list[InstanceInfo]:
