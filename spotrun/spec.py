@@ -23,7 +23,7 @@ SECRET_RE = re.compile(r"^(env:[A-Za-z_][A-Za-z0-9_]*|ssm:/\S+|secretsmanager:\S
 PRECISIONS = ("fp32", "tf32", "fp16", "bf16", "fp8")
 OPTIMIZERS = ("adamw", "adam", "sgd", "adafactor", "lion")
 SHARDINGS = ("none", "fsdp")
-MAX_MULTI_NODE = 1  # multi-node lands later; refuse with a clear message until then
+MAX_MULTI_NODE = 64  # the local path runs multi-node end to end (issue 16)
 
 
 @dataclass(frozen=True)

@@ -30,8 +30,10 @@ class HeartbeatLoop:
     def tick(self, now: datetime) -> None:
         """One pass over running attempts."""
         with session(self.ctx.engine) as s:
+            # Multi-node attempts report per node: the node loop reads those (nodeloop.py).
             rows = list(s.exec(select(Attempt, Job).where(
-                Attempt.state == AttemptState.RUNNING, Attempt.job_id == Job.id)))
+                Attempt.state == AttemptState.RUNNING, Attempt.job_id == Job.id,
+                Attempt.nodes <= 1, Attempt.nodes_min.is_(None))))
         for att, job in rows:
             store = self.ctx.store_for(job.store_uri)
             beat = _read_json(store, layout.heartbeat_key(job.id, att.number))
