@@ -101,7 +101,6 @@ BAD = [
     ("resources.gpus", 1.5, "resources.gpus"),
     ("resources.gpus", True, "resources.gpus"),
     ("resources.nodes", 0, "resources.nodes"),
-    ("resources.nodes", 2, "resources.nodes"),
     ("resources.nodes", 65, "resources.nodes"),
     ("resources.nodes", "2-1", "resources.nodes"),
     ("resources.nodes", "0-2", "resources.nodes"),
@@ -236,3 +235,10 @@ def test_env_number_error_says_to_quote_and_workdir_error_echoes_the_path(tmp_pa
         parse_spec({"name": "a", "command": "x", "workdir": "afile"}, base_dir=tmp_path,
                    instance_types=cat_types, zones=zones)
     assert str((tmp_path / "afile").resolve()) in str(err.value) and "a file" in str(err.value)
+
+
+def test_multi_node_counts_and_elastic_ranges_are_accepted():
+    assert parse(_with("resources.nodes", 2)).resources.nodes == 2
+    elastic = parse(_with("resources.nodes", "1-2")).resources
+    assert (elastic.nodes, elastic.nodes_min, elastic.min_nodes) == (2, 1, 1)
+    assert parse(_with("resources.nodes", 64)).resources.nodes == 64
