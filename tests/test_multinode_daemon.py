@@ -14,6 +14,7 @@ from polling import wait_for
 from sqlmodel import select
 
 from spotrun.db import SpendEntry, session
+from spotrun.ui.views import status_view
 from spotrun.states import AttemptState, EndReason, JobState, NodeState
 
 pytestmark = pytest.mark.slow
@@ -74,6 +75,13 @@ def test_lost_nodes_are_replaced_alone_and_the_rendezvous_moves(tmp_home: Path,
         # Every instance booked on its own.
         ids = {n.instance_id for n in nodes[att.id]}
         _run_until(runner, lambda: _booked(ctx, job_id) >= ids, "every node booked")
+        view = status_view(ctx.settings, job_id, engine=ctx.engine)
+        [a1] = view["attempts"]
+        assert sorted(view["instance_ids"]) == sorted(ids) and len(ids) == 4
+        assert [(n["node_rank"], n["end_reason"]) for n in a1["nodes"]] == [
+            (0, "reclaimed"), (0, "completed"), (1, "reclaimed"), (1, "completed")]
+        assert all(n["zone"] == att.zone and n["launched_at"] and n["ended_at"]
+                   for n in a1["nodes"])
 
 
 def _booked(ctx, job_id: str) -> set[str]:
