@@ -97,7 +97,6 @@ class NodeLoop:
                 with session(self.ctx.engine) as s:
                     row = s.get(AttemptNode, n.id)
                     move_node(row, NodeState.RUNNING)
-                    row.running_at = self.ctx.provider.now()
                     s.add(row)
                     s.commit()
 
@@ -156,6 +155,8 @@ class NodeLoop:
                 if fresh:
                     self._seen_ts[n.id] = beat.get("ts")
                     row.last_heartbeat_at = now
+                    if row.running_at is None:   # its agent is up: the node has joined
+                        row.running_at = self.ctx.provider.now()
                     if isinstance(beat.get("step"), int):
                         row.last_step = max(row.last_step, beat["step"])
                     if n.node_rank == lead:   # one node speaks for the attempt's progress
