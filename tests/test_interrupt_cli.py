@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from multinode_helpers import beating, listed, node_rig, state, ticked
+from daemon_nodes_helpers import beating, listed, node_rig, state, ticked
 from polling import wait_for
 
 from spotrun.cli import cli

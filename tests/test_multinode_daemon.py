@@ -1,14 +1,14 @@
 """Multi-node attempts on the daemon side: a group launch in one pool, nodes.json, a lost node
 replaced alone (the rendezvous moving off a lost host), a refused replacement moving the whole
 job, an elastic job carrying on, per-instance booking. Real market, processes, store, SQLite;
-the instances run a node stand-in (multinode_helpers) instead of torchrun."""
+the instances run a node stand-in (daemon_nodes_helpers) instead of torchrun."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
-from multinode_helpers import (beating, events, finish, listed, node_rig, nodes_doc, state,
+from daemon_nodes_helpers import (beating, events, finish, listed, node_rig, nodes_doc, state,
                                ticked)
 from polling import wait_for
 from sqlmodel import select
