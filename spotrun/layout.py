@@ -62,3 +62,30 @@ def outputs_prefix(job_id: str) -> str:
 def outputs_index_key(job_id: str) -> str:
     """Agent -> `spotrun pull`: {"attempt", "ts", "reason", "files": {path: {"size", "sha256"}}}."""
     return f"jobs/{job_id}/outputs.json"
+
+
+# -- multi-node attempts (issue 16): one membership file, reports per node by instance id --
+
+def nodes_key(job_id: str, attempt: int) -> str:
+    """Daemon -> agents: the attempt's membership (ranks, instance ids, rendezvous endpoint)."""
+    return f"{attempt_prefix(job_id, attempt)}/nodes.json"
+
+
+def node_heartbeat_key(job_id: str, attempt: int, instance_id: str) -> str:
+    """Agent -> daemon: one node's heartbeat in a multi-node attempt."""
+    return f"{attempt_prefix(job_id, attempt)}/nodes/{instance_id}/heartbeat.json"
+
+
+def node_exit_key(job_id: str, attempt: int, instance_id: str) -> str:
+    """Agent -> daemon: how one node's command ended."""
+    return f"{attempt_prefix(job_id, attempt)}/nodes/{instance_id}/exit.json"
+
+
+def node_notice_key(job_id: str, attempt: int, instance_id: str) -> str:
+    """Agent -> daemon: the interruption notice one node saw."""
+    return f"{attempt_prefix(job_id, attempt)}/nodes/{instance_id}/notice.json"
+
+
+def node_log_prefix(job_id: str, attempt: int, instance_id: str) -> str:
+    """One node's log segments of a multi-node attempt."""
+    return f"{log_prefix(job_id, attempt)}/{instance_id}"
