@@ -39,6 +39,13 @@ def test_interrupt_one_node_then_bad_input(tmp_home: Path, tmp_path: Path) -> No
         lost = [n for n in nodes[att.id] if n.state is NodeState.ENDED]
         assert [(n.node_rank, n.end_reason) for n in lost] == [(1, EndReason.RECLAIMED)]
 
+        res = _cli(tmp_home, "status", job_id, "--wide")
+        assert res.exit_code == 0 and "2 nodes:" in res.output, res.output
+        res = _cli(tmp_home, "status", job_id, "--json")
+        view = json.loads(res.output)
+        assert first[0] in view["instance_ids"] and first[1] in view["instance_ids"]
+        assert len(view["instance_ids"]) == 3 and len(view["attempts"][0]["nodes"]) == 3
+
         for args, field in ((("nope-123",), "job"), ((job_id, "--node", "7"), "--node"),
                             ((job_id, "--notice-s", "-1"), "--notice-s")):
             res = _cli(tmp_home, "interrupt", *args)
