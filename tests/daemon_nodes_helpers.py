@@ -83,7 +83,8 @@ def node_rig(home: Path, tmp: Path, nodes: str) -> Iterator[Any]:
     (code / "train.py").write_text("print('unused: the stand-in runs instead')\n")
     spec = tmp / "job.yaml"
     spec.write_text(f"name: mn\ncommand: python train.py\nworkdir: code\n"
-                    f"resources: {{nodes: {nodes if nodes.isdigit() else repr(nodes)}}}\npolicy: {{market: spot}}\n"
+                    f"resources: {{nodes: {nodes if nodes.isdigit() else repr(nodes)}}}\n"
+                    "policy: {market: spot}\n"
                     f"work: {{total_steps: 1000}}\n")
     settings = load_settings(str(home))
     provider = LocalProvider.from_settings(settings)

@@ -58,5 +58,6 @@ def test_dry_run_of_a_two_node_job_plans_one_group_in_one_pool(tmp_path, monkeyp
     bodies = [c["body"] for c in launch["calls"]]
     assert [b["client_token"] for b in bodies] == ["<dry-run>-0", "<dry-run>-1"]
     assert [b["tags"]["spotrun:node"] for b in bodies] == ["0", "1"]
-    assert len({json.dumps(b["candidates"]) for b in bodies}) == 1 and len(bodies[0]["candidates"]) == 1
+    assert len({json.dumps(b["candidates"]) for b in bodies}) == 1
+    assert len(bodies[0]["candidates"]) == 1
     assert not (tmp_path / "home").exists()

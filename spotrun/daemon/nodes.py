@@ -29,7 +29,6 @@ from spotrun.providers.base import (TAG_ATTEMPT, TAG_JOB, TAG_MANAGED, TAG_NODE,
                                     LaunchRequest, Pool)
 from spotrun.states import EndReason, NodeState, move_node
 
-NODES_VERSION_KEY = "version"
 LIVE_NODE = (NodeState.LAUNCHING, NodeState.RUNNING)
 
 
@@ -78,11 +77,6 @@ def group_pending(s: Any, att: Attempt) -> bool:
 def live_nodes(nodes: list[AttemptNode]) -> list[AttemptNode]:
     """Nodes whose instance may still run (launching, running or being terminated)."""
     return [n for n in nodes if not n.state.is_terminal()]
-
-
-def node_instance_ids(s: Any, att: Attempt) -> list[str]:
-    """Every instance id an attempt's nodes ever had."""
-    return [n.instance_id for n in nodes_of(s, att.id) if n.instance_id]
 
 
 def record_launched(s: Any, node: AttemptNode, info: InstanceInfo) -> None:
