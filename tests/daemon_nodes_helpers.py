@@ -44,9 +44,12 @@ while True:
     store.put_bytes(layout.node_heartbeat_key(job, att, iid), json.dumps(
         {"ts": time.time(), "step": step, "phase": "running", "total_steps": 1000,
          "nodes_version": doc.get("version"), "last_checkpoint_step": None}).encode())
-    if listed and get("jobs/%s/test-finish" % job) is not None:
+    hang = get("jobs/%s/test-finish-hang" % job) is not None
+    if listed and (hang or get("jobs/%s/test-finish" % job) is not None):
         store.put_bytes(layout.node_exit_key(job, att, iid), json.dumps(
             {"reason": "completed", "exit_code": 0, "step": step}).encode())
+        while hang:   # reported, but the instance lingers (until a reclaim ends it)
+            pause.wait(0.1)
         sys.exit(0)
     pause.wait(0.1)
 '''
@@ -137,9 +140,10 @@ def beating(ctx: Any, job_id: str, attempt: int, iid: str) -> bool:
     return beat.get("step", 0) > 0
 
 
-def finish(ctx: Any, job_id: str) -> None:
-    """Tell every stand-in of the job to report completed and exit."""
-    ctx.store.put_bytes(f"jobs/{job_id}/test-finish", b"{}")
+def finish(ctx: Any, job_id: str, *, linger: bool = False) -> None:
+    """Tell every stand-in of the job to report completed and exit (or, lingering, to report
+    and keep its instance running)."""
+    ctx.store.put_bytes(f"jobs/{job_id}/test-finish{'-hang' if linger else ''}", b"{}")
 
 
 def events(ctx: Any, job_id: str, kind: str) -> list[Event]:

@@ -125,3 +125,21 @@ def test_elastic_job_runs_on_fewer_nodes_until_the_replacement_arrives(
         ctx.provider.client.faults(capacity_fraction=0.0)
         back = _run_until(runner, lambda: _all_beating(ctx, job_id, 1, 2), "back to 2 nodes")
         assert back[0] == first[0] and back[1] != first[1]
+
+
+def test_a_node_reclaimed_after_its_completed_report_counts_as_completed(tmp_home: Path,
+                                                                         tmp_path: Path) -> None:
+    from spotrun import layout
+    with node_rig(tmp_home, tmp_path, "2") as (ctx, runner, job_id):
+        first = _run_until(runner, lambda: _all_beating(ctx, job_id, 1, 2), "2 nodes beating")
+        finish(ctx, job_id, linger=True)
+        wait_for(lambda: all(ctx.store.exists(layout.node_exit_key(job_id, 1, i))
+                             for i in first.values()), 30, "both exit reports")
+        ctx.provider.interrupt(list(first.values()), notice_s=0.0)   # then reclaimed
+        job = _run_until(runner, lambda: (j := state(ctx, job_id)[0]).state.is_terminal() and j,
+                         "job done")
+        assert job.state is JobState.SUCCEEDED
+        _, [att], nodes = state(ctx, job_id)
+        assert len(nodes[att.id]) == 2 and not events(ctx, job_id, "node_replaced")
+        assert all(n.end_reason is EndReason.COMPLETED and "reclaimed" in n.detail
+                   and n.cause == "spot-reclaim" for n in nodes[att.id])
