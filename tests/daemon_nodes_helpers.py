@@ -41,6 +41,9 @@ while True:
     listed = [n for n in doc.get("nodes", []) if n["instance_id"] == iid]
     if listed:
         step += 1
+    if get("jobs/%s/test-silent-%s" % (job, iid)) is not None:
+        pause.wait(0.1)   # alive but silent: the daemon must call it lost
+        continue
     store.put_bytes(layout.node_heartbeat_key(job, att, iid), json.dumps(
         {"ts": time.time(), "step": step, "phase": "running", "total_steps": 1000,
          "nodes_version": doc.get("version"), "last_checkpoint_step": None}).encode())
@@ -62,13 +65,13 @@ time_scale = 60.0
 schedule_interval_s = 0.2
 reconcile_interval_s = 0.2
 heartbeat_interval_s = 0.2
-heartbeat_timeout_s = 120.0
+heartbeat_timeout_s = {hb_timeout}
 orphan_grace_s = 2.0
 """
 
 
 @contextmanager
-def node_rig(home: Path, tmp: Path, nodes: str) -> Iterator[Any]:
+def node_rig(home: Path, tmp: Path, nodes: str, hb_timeout_s: float = 120.0) -> Iterator[Any]:
     """(ctx, runner, job id) for a job of `nodes` ("2", "1-2") on a market with room in two
     zones; each instance runs NODE_STANDIN. Everything is stopped afterwards."""
     from conftest import kill_leftovers, write_trace
@@ -78,7 +81,7 @@ def node_rig(home: Path, tmp: Path, nodes: str) -> Iterator[Any]:
     from spotrun.providers.local import LocalProvider
     trace = write_trace(tmp / "trace.csv", {"zone-a": [1] * 50, "zone-b": [1] * 50},
                         tick_s=600.0)
-    (home / "spotrun.toml").write_text(TOML.format(trace=trace))
+    (home / "spotrun.toml").write_text(TOML.format(trace=trace, hb_timeout=hb_timeout_s))
     script = tmp / "node_standin.py"
     script.write_text(NODE_STANDIN)
     code = tmp / "code"

@@ -143,3 +143,17 @@ def test_a_node_reclaimed_after_its_completed_report_counts_as_completed(tmp_hom
         assert len(nodes[att.id]) == 2 and not events(ctx, job_id, "node_replaced")
         assert all(n.end_reason is EndReason.COMPLETED and "reclaimed" in n.detail
                    and n.cause == "spot-reclaim" for n in nodes[att.id])
+
+
+def test_a_silent_node_is_terminated_as_lost_and_replaced(tmp_home: Path, tmp_path: Path) -> None:
+    with node_rig(tmp_home, tmp_path, "2", hb_timeout_s=3.0) as (ctx, runner, job_id):
+        first = _run_until(runner, lambda: _all_beating(ctx, job_id, 1, 2), "2 nodes beating")
+        ctx.store.put_bytes(f"jobs/{job_id}/test-silent-{first[1]}", b"{}")
+        again = _run_until(runner, lambda: (m := _all_beating(ctx, job_id, 1, 2))
+                           and m[1] != first[1] and m, "silent node 1 replaced")
+        assert again[0] == first[0]
+        _, [att], nodes = state(ctx, job_id)
+        [lost] = [n for n in nodes[att.id] if n.instance_id == first[1]]
+        assert lost.end_reason is EndReason.LOST and "no heartbeat" in lost.detail
+        [gone] = ctx.provider.describe(instance_ids=[first[1]])
+        assert gone.state.is_terminal()     # terminated by the daemon, not left running

@@ -171,6 +171,7 @@ def test_a_reclaimed_node_is_replaced_alone_and_the_weights_match(rig, baseline,
     [att], nodes = _nodes(ctx, job_id)
     rows = nodes[att.id]
     assert len(rows) == 3                      # exactly one new instance
+    assert len(ctx.provider.describe(job_id=job_id)) == 3     # as the provider counts them
     survivor = first[1 - lost_rank]
     assert [n.instance_id for n in rows if n.node_rank == 1 - lost_rank] == [survivor]
     [lost] = [n for n in rows if n.instance_id == first[lost_rank]]
@@ -178,7 +179,19 @@ def test_a_reclaimed_node_is_replaced_alone_and_the_weights_match(rig, baseline,
     assert att.end_reason is EndReason.COMPLETED
     assert (out / "final-params.sha256").read_text().strip() == baseline
     new = [n for n in rows if n.instance_id not in first.values()]
-    assert "start step 10" in _node_output(ctx, job_id, new[0].instance_id)
+    wait_for(lambda: "start step 10" in _node_output(ctx, job_id, new[0].instance_id), 60,
+             "the replacement resumed from checkpoint 10", interval_s=0.2)
+    # The ledger books the three instances, each on its own.
+    wait_for(lambda: _booked(ctx, job_id) == {n.instance_id for n in rows}, 60,
+             "three instances booked", interval_s=0.2)
+
+
+def _booked(ctx, job_id: str) -> set[str]:
+    from sqlmodel import select
+    from spotrun.db import SpendEntry
+    with session(ctx.engine) as s:
+        return {r.instance_id for r in s.exec(select(SpendEntry).where(
+            SpendEntry.job_id == job_id, SpendEntry.kind == "compute"))}
 
 
 def test_elastic_job_trains_on_one_node_while_the_replacement_is_refused(rig):
