@@ -65,10 +65,13 @@ def test_lost_nodes_are_replaced_alone_and_the_rendezvous_moves(tmp_home: Path,
         lost = [n for n in nodes[att.id] if n.state is NodeState.ENDED]
         assert [n.end_reason for n in lost] == [EndReason.RECLAIMED, EndReason.RECLAIMED]
 
+        before = nodes_doc(ctx, job_id, 1)
         finish(ctx, job_id)
         job = _run_until(runner, lambda: (j := state(ctx, job_id)[0]).state.is_terminal() and j,
                          "job done")
         assert job.state is JobState.SUCCEEDED
+        # Nodes finishing one after the other never see the membership (or rendezvous) move.
+        assert nodes_doc(ctx, job_id, 1) == before
         _, [att], nodes = state(ctx, job_id)
         assert att.end_reason is EndReason.COMPLETED
         assert len(events(ctx, job_id, "node_replaced")) == 2

@@ -26,7 +26,7 @@ from spotrun.states import EndReason, JobState
 
 from conftest import kill_leftovers, write_trace
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]   # torch warms up on first use
 JOB_SCRIPT = Path(__file__).parent / "torch_jobs" / "multinode_gloo.py"
 STEPS, HOLD_AT = 24, 12
 TORCHRUN = (f"{sys.executable} -m torch.distributed.run --nnodes=$SPOTRUN_NNODES "

@@ -78,8 +78,16 @@ class NodeLoop:
             self._follow_instances(job, att, infos)
             self._heartbeats(job, att, now)
             # A lost node leaves nodes.json before its replacement joins it (two versions).
-            sync_membership(self.ctx, job, att.id)
+            self._sync(job, att)
             self._decide(job, att, now)
+            self._sync(job, att)
+
+    def _sync(self, job: Job, att: Attempt) -> None:
+        """nodes.json follows the nodes until one completes: from then on it stays as it is,
+        so the nodes still finishing never see the rendezvous move (and restart)."""
+        with session(self.ctx.engine) as s:
+            done = any(n.end_reason is EndReason.COMPLETED for n in nodes_of(s, att.id))
+        if not done:
             sync_membership(self.ctx, job, att.id)
 
     # ------------------------------------------------------------ instances
