@@ -160,3 +160,51 @@ def test_a_silent_node_is_terminated_as_lost_and_replaced(tmp_home: Path, tmp_pa
         assert lost.end_reason is EndReason.LOST and "no heartbeat" in lost.detail
         [gone] = ctx.provider.describe(instance_ids=[first[1]])
         assert gone.state.is_terminal()     # terminated by the daemon, not left running
+
+
+def test_a_notice_on_one_node_marks_the_attempt_then_a_cancel_ends_every_node(
+        tmp_home: Path, tmp_path: Path) -> None:
+    import json
+
+    from spotrun import layout
+    from spotrun.jobs import request_cancel
+    with node_rig(tmp_home, tmp_path, "2") as (ctx, runner, job_id):
+        first = _run_until(runner, lambda: _all_beating(ctx, job_id, 1, 2), "2 nodes beating")
+        # What node 1's agent writes when its IMDS shows the interruption notice.
+        ctx.store.put_bytes(layout.node_notice_key(job_id, 1, first[1]), json.dumps(
+            {"action": "terminate", "time": "2026-01-01T00:02:00Z"}).encode())
+        _run_until(runner, lambda: state(ctx, job_id)[1][0].notice_at is not None, "notice_at")
+        _, [att], nodes = state(ctx, job_id)
+        noticed = {n.instance_id: n.notice_at for n in nodes[att.id]}
+        assert noticed[first[1]] is not None and noticed[first[0]] is None
+        [ev] = events(ctx, job_id, "notice")
+        assert "node 1" in ev.detail and "whole job" in ev.detail
+
+        request_cancel(ctx.engine, job_id)
+        job = _run_until(runner, lambda: (j := state(ctx, job_id)[0]).state.is_terminal() and j,
+                         "job cancelled")
+        assert job.state is JobState.CANCELLED
+        _, [att], nodes = state(ctx, job_id)
+        assert att.end_reason is EndReason.CANCELLED and len(nodes[att.id]) == 2
+        assert all(n.end_reason is EndReason.CANCELLED for n in nodes[att.id])
+        assert all(i.state.is_terminal() for i in ctx.provider.describe(job_id=job_id))
+        assert not events(ctx, job_id, "node_replaced")
+
+
+def test_a_budget_stop_terminates_every_node_after_the_grace(tmp_home: Path,
+                                                             tmp_path: Path) -> None:
+    from spotrun.db import Job
+    with node_rig(tmp_home, tmp_path, "2") as (ctx, runner, job_id):
+        _run_until(runner, lambda: _all_beating(ctx, job_id, 1, 2), "2 nodes beating")
+        with session(ctx.engine) as s:   # what the spend loop sets when the budget is near
+            j = s.get(Job, job_id)
+            j.budget_stop_requested = True
+            s.add(j)
+            s.commit()
+        job = _run_until(runner, lambda: (j := state(ctx, job_id)[0]).state.is_terminal() and j,
+                         "budget stop", timeout_s=90.0)
+        assert job.state is JobState.BUDGET_EXHAUSTED
+        _, [att], nodes = state(ctx, job_id)
+        assert att.end_reason is EndReason.BUDGET
+        assert all(n.state is NodeState.ENDED for n in nodes[att.id]) and len(nodes[att.id]) == 2
+        assert all(i.state.is_terminal() for i in ctx.provider.describe(job_id=job_id))
