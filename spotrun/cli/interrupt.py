@@ -13,7 +13,7 @@ import click
 
 from spotrun.cli.common import echo_json, get_settings, json_option, open_state_db
 from spotrun.db import Attempt, attempts_of, find_job, nodes_of, session
-from spotrun.errors import BadInputError, NotFoundError
+from spotrun.errors import BadInputError, NotFoundError, SpotrunError
 
 DEFAULT_NOTICE_S = 120.0   # AWS's two-minute interruption notice (provider seconds)
 
@@ -60,7 +60,11 @@ def interrupt(job_ref: str, node: int | None, notice_s: float, as_json: bool) ->
         ranks = {node: ranks[node]}
     from spotrun.providers import make_provider
     provider = make_provider(settings)
-    provider.interrupt(list(ranks.values()), notice_s=notice_s)
+    try:
+        provider.interrupt(list(ranks.values()), notice_s=notice_s)
+    except NotImplementedError:
+        raise SpotrunError(f"the {provider.name} provider cannot send interruptions yet",
+                           field="provider", value=provider.name) from None
     out = {"id": job_id, "attempt": att.number if att else None, "notice_s": notice_s,
            "provider": provider.name,
            "instances": [{"node_rank": r, "instance_id": i} for r, i in sorted(ranks.items())]}

@@ -249,6 +249,15 @@ class SchedulerLoop:
         except ProviderError as exc:
             self.ctx.log.warning("launch_failed_retrying", job=job.id, error=str(exc))
             return
+        except NotImplementedError:
+            # A provider without group launches: say so on the job instead of retrying blind.
+            terminate_nodes(self.ctx, attempt, EndReason.LAUNCH_FAILED, "no group launch")
+            self._end_attempt(attempt, EndReason.LAUNCH_FAILED,
+                              f"the {self.ctx.provider.name} provider cannot launch "
+                              "multi-node jobs yet")
+            self._wait(job, now, f"the {self.ctx.provider.name} provider cannot launch "
+                       "multi-node jobs yet")
+            return
         self._no_capacity_until.pop(job.id, None)
         self.ctx.log.info("launched", job=job.id, attempt=attempt.number,
                           instances=[i.instance_id for i in infos],
