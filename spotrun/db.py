@@ -17,7 +17,7 @@ from sqlalchemy.engine import Engine
 from sqlmodel import Field, Session, SQLModel, create_engine, select
 
 from spotrun.errors import ConfigError
-from spotrun.states import AttemptState, EndReason, JobState, Market
+from spotrun.states import AttemptState, EndReason, JobState, Market, NodeState
 
 SCHEMA_VERSION = 1
 
@@ -114,6 +114,46 @@ class Attempt(SQLModel, table=True):
     instance_cause: str | None = None  # the provider's termination cause (TerminationCause)
     checkpoint_failures: int = 0        # checkpoint saves that failed (every try), per heartbeats
     checkpoint_error: str | None = None  # the last failed save: "step N: error"
+    # Multi-node (resources.nodes > 1 or elastic): the instances are AttemptNode rows and
+    # instance_id stays None; the membership the agents read is nodes.json (daemon/nodes.py).
+    nodes: int = 1                      # nodes launched (MAX for an elastic job)
+    nodes_min: int | None = None        # elastic: the fewest nodes the attempt runs on
+    nodes_version: int = 0              # version of the last nodes.json written
+    nodes_members: str | None = None    # JSON [[rank, instance id], ...] of that nodes.json
+    rdzv_host_rank: int | None = None   # the rank whose host runs the c10d rendezvous
+    rdzv_endpoint: str | None = None    # host:port of the rendezvous in that nodes.json
+
+
+class AttemptNode(SQLModel, table=True):
+    """One instance of a multi-node attempt, for one node rank; a replacement is a new row.
+
+    One writer per fact: the scheduler writes the launch (intent, then instance id), the
+    node loop (daemon/nodes.py) everything after.
+    """
+
+    id: int | None = Field(default=None, primary_key=True)
+    attempt_id: int = Field(foreign_key="attempt.id", index=True)
+    job_id: str = Field(index=True)
+    node_rank: int
+    state: NodeState = Field(default=NodeState.LAUNCHING, index=True)
+    client_token: str = Field(index=True, unique=True)
+    instance_id: str | None = Field(default=None, index=True)
+    market: Market
+    instance_type: str
+    zone: str
+    price_usd_per_hour: float
+    private_ip: str | None = None
+    created_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)   # wall clock
+    launched_at: datetime | None = Field(default=None, sa_type=UTCDateTime)    # provider clock
+    running_at: datetime | None = Field(default=None, sa_type=UTCDateTime)     # provider clock
+    ended_at: datetime | None = Field(default=None, sa_type=UTCDateTime)       # provider clock
+    end_reason: EndReason | None = None
+    cause: str | None = None            # the provider's termination cause (TerminationCause)
+    detail: str | None = None
+    last_heartbeat_at: datetime | None = Field(default=None, sa_type=UTCDateTime)  # wall
+    notice_at: datetime | None = Field(default=None, sa_type=UTCDateTime)  # provider clock
+    last_step: int = 0
+    replaces: int | None = None         # the AttemptNode id this one replaces
 
 
 class Event(SQLModel, table=True):
@@ -303,6 +343,12 @@ def find_job(s: Session, ref: str) -> Job | None:
 def attempts_of(s: Session, job_id: str) -> list[Attempt]:
     """A job's attempts in launch order."""
     return list(s.exec(select(Attempt).where(Attempt.job_id == job_id).order_by(Attempt.number)))
+
+
+def nodes_of(s: Session, attempt_id: int) -> list[AttemptNode]:
+    """A multi-node attempt's node rows (replacements included), by rank then launch order."""
+    return list(s.exec(select(AttemptNode).where(AttemptNode.attempt_id == attempt_id)
+                       .order_by(AttemptNode.node_rank, AttemptNode.id)))
 
 
 def iter_jobs(s: Session) -> Iterator[Job]:

@@ -62,3 +62,36 @@ def outputs_prefix(job_id: str) -> str:
 def outputs_index_key(job_id: str) -> str:
     """Agent -> `spotrun pull`: {"attempt", "ts", "reason", "files": {path: {"size", "sha256"}}}."""
     return f"jobs/{job_id}/outputs.json"
+
+
+# ---------------------------------------------------------------- multi-node (MULTINODE.md)
+
+def nodes_key(job_id: str, attempt: int) -> str:
+    """Daemon -> agents: the membership of a multi-node attempt (ranks, endpoint), rewritten
+    on every change with a higher version."""
+    return f"{attempt_prefix(job_id, attempt)}/nodes.json"
+
+
+def node_prefix(job_id: str, attempt: int, instance_id: str) -> str:
+    """One node's reports within a multi-node attempt (one writer: that node's agent)."""
+    return f"{attempt_prefix(job_id, attempt)}/nodes/{instance_id}"
+
+
+def node_heartbeat_key(job_id: str, attempt: int, instance_id: str) -> str:
+    """Agent -> daemon: one node's liveness and progress."""
+    return f"{node_prefix(job_id, attempt, instance_id)}/heartbeat.json"
+
+
+def node_exit_key(job_id: str, attempt: int, instance_id: str) -> str:
+    """Agent -> daemon: how one node's command ended."""
+    return f"{node_prefix(job_id, attempt, instance_id)}/exit.json"
+
+
+def node_notice_key(job_id: str, attempt: int, instance_id: str) -> str:
+    """Agent -> daemon: the interruption notice one node saw."""
+    return f"{node_prefix(job_id, attempt, instance_id)}/notice.json"
+
+
+def node_log_prefix(job_id: str, attempt: int, instance_id: str) -> str:
+    """Log segments of one node of a multi-node attempt."""
+    return f"{log_prefix(job_id, attempt)}/{instance_id}"

@@ -50,11 +50,19 @@ def _notify_outbox(conn: Connection) -> None:
     NotifyOutbox.__table__.create(conn, checkfirst=True)
 
 
+def _attempt_nodes(conn: Connection) -> None:
+    """Version 5: multi-node attempts: the AttemptNode table (Attempt's node columns are added
+    generically)."""
+    from spotrun.db import AttemptNode
+    AttemptNode.__table__.create(conn, checkfirst=True)
+
+
 STEPS: list[Step] = [
     Step(2, "columns added after v1 (budget stop, checkpoint figures, running_at, ...)",
          _columns_added_by_helpers),
     Step(3, "end reason 'moved' (placement policy moves)", _end_reason_moved),
     Step(4, "alerts outbox table", _notify_outbox),
+    Step(5, "multi-node: attempt nodes table, node columns on attempts", _attempt_nodes),
 ]
 LATEST = max(s.version for s in STEPS)
 

@@ -42,6 +42,9 @@ class Heartbeat:
     notice: Annotated[Annotated[bool, Strict()] | None, Lenient] = None
     rebalance: Text = None
     resumed_from: Int = None           # the checkpoint step this attempt really restored
+    instance_id: Text = None           # multi-node only: the node that wrote it
+    node_rank: Int = None
+    command_restarts: Int = None       # multi-node only: restarts after a rendezvous move
 
 
 @dataclass(frozen=True)
@@ -69,6 +72,9 @@ class ExitReport:
     reason: Text = None                # completed, error, interrupted, cancelled, ...
     step: Int = None
     message: Text = None
+    instance_id: Text = None           # multi-node only: the node that wrote it
+    node_rank: Int = None
+    command_restarts: Int = None
 
 
 def dump(report: Any) -> dict[str, Any]:

@@ -29,7 +29,6 @@ Precision = Literal["fp32", "tf32", "fp16", "bf16", "fp8"]
 Optimizer = Literal["adamw", "adam", "sgd", "adafactor", "lion"]
 Sharding = Literal["none", "fsdp"]
 PRECISIONS, OPTIMIZERS, SHARDINGS = get_args(Precision), get_args(Optimizer), get_args(Sharding)
-MAX_MULTI_NODE = 1  # multi-node lands later; refuse with a clear message until then
 _STRICT = ConfigDict(extra="forbid")
 
 
@@ -389,13 +388,4 @@ def parse_spec(raw: Any, *, base_dir: Path, instance_types: Iterable[str], zones
         raise SpecError(f"must be a mapping, got {type(raw).__name__}", field="spec")
     context = {"base_dir": base_dir, "types": set(instance_types), "zones": set(zones),
                "now": now or datetime.now(timezone.utc)}
-    spec = validate(JobSpec, raw, SpecError, context=context, redact=("secrets",))
-    _refuse_multi_node(spec.resources)
-    return spec
-
-
-def _refuse_multi_node(res: Resources) -> None:
-    if res.nodes > MAX_MULTI_NODE:
-        raise SpecError("multi-node jobs are not supported yet; allowed: 1",
-                        field="resources.nodes", value=res.nodes,
-                        hint="run on one node with more GPUs per node")
+    return validate(JobSpec, raw, SpecError, context=context, redact=("secrets",))

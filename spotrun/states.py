@@ -43,6 +43,19 @@ class AttemptState(str, Enum):
         return self is AttemptState.ENDED
 
 
+class NodeState(str, Enum):
+    """Lifecycle of one node of a multi-node attempt: one instance for one rank."""
+
+    LAUNCHING = "launching"      # intent recorded (client token); launch may be in flight
+    RUNNING = "running"          # the provider reports the instance alive
+    TERMINATING = "terminating"  # we asked the provider to terminate it
+    ENDED = "ended"              # the instance is gone (its end_reason says why)
+
+    def is_terminal(self) -> bool:
+        """True once the node's instance is gone."""
+        return self is NodeState.ENDED
+
+
 class EndReason(str, Enum):
     """Why an attempt ended."""
 
@@ -126,6 +139,15 @@ ATTEMPT_TRANSITIONS: dict[AttemptState, frozenset[AttemptState]] = {
 }
 
 
+_N = NodeState
+NODE_TRANSITIONS: dict[NodeState, frozenset[NodeState]] = {
+    _N.LAUNCHING: frozenset({_N.RUNNING, _N.TERMINATING, _N.ENDED}),
+    _N.RUNNING: frozenset({_N.TERMINATING, _N.ENDED}),
+    _N.TERMINATING: frozenset({_N.ENDED}),
+    _N.ENDED: frozenset(),
+}
+
+
 class TransitionError(Exception):
     """A state change the table forbids (a bug in the caller, never user input)."""
 
@@ -153,4 +175,12 @@ def move_attempt(attempt: object, to: AttemptState) -> bool:
     changed = check_transition(ATTEMPT_TRANSITIONS, getattr(attempt, "state"), to)
     if changed:
         setattr(attempt, "state", to)
+    return changed
+
+
+def move_node(node: object, to: NodeState) -> bool:
+    """Set node.state to `to` if the table allows it; True when it changed."""
+    changed = check_transition(NODE_TRANSITIONS, getattr(node, "state"), to)
+    if changed:
+        setattr(node, "state", to)
     return changed

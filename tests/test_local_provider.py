@@ -115,3 +115,25 @@ def test_unreachable_market_without_state_dir_is_a_provider_error() -> None:
     with pytest.raises(ProviderError) as err:
         prov.launch(plan)
     assert "not reachable" in str(err.value)
+
+
+def test_group_launch_refused_midway_terminates_the_started_nodes(provider: LocalProvider) -> None:
+    # Seed 0 at one half: the first two launches pass, the third is refused for capacity.
+    provider.client.faults(capacity_fraction=0.5, seed=0)
+    req = replace(_req("grp", Pool("p3.2xlarge", "za", Market.SPOT)), count=3,
+                  node_ranks=(0, 1, 2))
+    with pytest.raises(CapacityError):
+        provider.launch_group(provider.plan_launch(req))
+    seen = provider.describe(job_id="job-a")
+    assert len(seen) == 2 and [i.client_token for i in seen] == ["grp-0", "grp-1"]
+    assert wait_for(lambda: all(i.state.is_terminal() for i in provider.describe(job_id="job-a")),
+                    what="partial group terminated")
+    assert provider.client.fault_counts()["refused"] == 1
+
+
+def test_interrupt_notices_first(provider: LocalProvider) -> None:
+    info = provider.launch(provider.plan_launch(_req("int", Pool("p3.2xlarge", "za",
+                                                                  Market.SPOT))))
+    provider.interrupt([info.instance_id], notice_s=600.0)
+    [seen] = provider.describe(instance_ids=[info.instance_id])
+    assert seen.notice_at is not None and not seen.state.is_terminal()

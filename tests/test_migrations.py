@@ -101,3 +101,20 @@ def test_newer_database_is_refused(tmp_path: Path):
         upgrade(engine)
     assert err.value.field == "database_url" and "newer" in err.value.message
     engine.dispose()
+
+
+def test_old_database_gains_the_attempt_nodes_table(old_db):
+    from spotrun.db import AttemptNode, nodes_of
+    from spotrun.states import NodeState
+    engine = open_db(old_db)
+    assert inspect(engine).has_table("attemptnode")
+    with session(engine) as s:
+        att = attempts_of(s, "old-1")[0]
+        assert att.nodes == 1 and att.nodes_min is None    # single-node, as before
+        s.add(AttemptNode(attempt_id=att.id, job_id="old-1", node_rank=1, client_token="t-1",
+                          market=att.market, instance_type="p3.2xlarge", zone="za",
+                          price_usd_per_hour=1.0))
+        s.commit()
+    with session(engine) as s:
+        [node] = nodes_of(s, att.id)
+    assert node.state is NodeState.LAUNCHING and node.instance_id is None

@@ -1,8 +1,5 @@
 """Multi-node in the cost model: speed across nodes by interconnect (EFA or not), N nodes'
 price, the 70B memory figure, and `spotrun plan` for a 70B FSDP job on 2 nodes of 8 GPUs.
-
-The spec still refuses nodes > 1 until the daemon side lands (spec.MAX_MULTI_NODE): these
-tests lift that limit with monkeypatch.
 """
 
 from __future__ import annotations
@@ -16,7 +13,6 @@ import yaml
 from click.testing import CliRunner
 
 from decide_helpers import rank_candidates
-from spotrun import spec as spec_module
 from spotrun.catalog import load_catalog
 from spotrun.cli import cli
 from spotrun.costmodel import CatalogPrices, NoHistory, default_scaling
@@ -30,11 +26,6 @@ BIG = {"name": "llama-70b", "command": "torchrun train.py",
        "model": {"params_billion": 70, "sharding": "fsdp"},
        "resources": {"nodes": 2, "gpus": 8},
        "work": {"reference_hours": 2000, "reference_instance": "p3.2xlarge"}}
-
-
-@pytest.fixture
-def multi_node(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(spec_module, "MAX_MULTI_NODE", 64)
 
 
 def _spec(raw: dict):
@@ -72,7 +63,7 @@ def test_activations_grow_sublinearly_above_7b() -> None:
         70 + 7 * 10 ** 0.7)
 
 
-def test_two_nodes_price_and_speed_in_the_ranking(multi_node: None) -> None:
+def test_two_nodes_price_and_speed_in_the_ranking(: None) -> None:
     ranking = _rank(BIG)
     assert ranking.candidates, [r.to_dict() for r in ranking.rejected]
     cat = load_catalog()
@@ -90,7 +81,7 @@ def test_two_nodes_price_and_speed_in_the_ranking(multi_node: None) -> None:
 
 
 def test_plan_shows_a_70b_fsdp_job_on_two_nodes_per_node_and_total(
-        multi_node: None, tmp_path: Path) -> None:
+        tmp_path: Path) -> None:
     (tmp_path / "spotrun.toml").write_text('provider = "aws"\nregion = "us-east-1"\n')
     path = tmp_path / "llama-70b.yaml"
     path.write_text(yaml.safe_dump(BIG))

@@ -8,7 +8,7 @@ market process; `aws` runs real boto3 against moto on 127.0.0.1 (tests/aws).
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Callable, Iterator
@@ -22,6 +22,7 @@ from spotrun.aws_clients import make_client
 from spotrun.errors import CapacityError
 from spotrun.providers import InstanceInfo, LaunchRequest, Pool, Provider
 from spotrun.providers.aws import AwsProvider
+from spotrun.providers.base import TAG_NODE
 from spotrun.providers.local import LocalProvider
 from spotrun.states import InstanceState, Market, TerminationCause
 
@@ -178,3 +179,74 @@ def test_prices(harness: Harness) -> None:
     assert [pt.ts for pt in hist] == sorted(pt.ts for pt in hist)
     assert all(pt.ts <= now + timedelta(seconds=1) for pt in hist)
     assert datetime(2000, 1, 1, tzinfo=timezone.utc) < hist[0].ts
+
+
+# ---------------------------------------------------------------- multi-node (issue 16)
+
+def _group(*pools: Pool, count: int = 2, token: str | None = None) -> LaunchRequest:
+    return replace(_request(*pools, token=token), count=count,
+                   node_ranks=tuple(range(count)))
+
+
+def _launch_group(h: Harness, req: LaunchRequest) -> list[InstanceInfo]:
+    try:
+        return h.provider.launch_group(h.provider.plan_launch(req))
+    except NotImplementedError:
+        pytest.skip(f"{h.provider.name}: launch_group not built yet")
+
+
+def _interrupt(h: Harness, ids: list[str], notice_s: float) -> None:
+    try:
+        h.provider.interrupt(ids, notice_s=notice_s)
+    except NotImplementedError:
+        pytest.skip(f"{h.provider.name}: interrupt not built yet")
+
+
+def _live(h: Harness, job_id: str) -> list[InstanceInfo]:
+    return [i for i in h.provider.describe(job_id=job_id) if not i.state.is_terminal()]
+
+
+def test_group_launch_puts_every_node_in_one_pool_with_its_rank(harness: Harness) -> None:
+    req = _group(harness.spot_full, harness.spot_ok)
+    infos = _launch_group(harness, req)
+    assert len(infos) == 2 and len({i.instance_id for i in infos}) == 2
+    assert {(i.instance_type, i.zone, i.market) for i in infos} == {
+        (harness.spot_ok.instance_type, harness.spot_ok.zone, Market.SPOT)}
+    assert all(i.private_ip for i in infos)
+    seen = {i.instance_id: i for i in harness.provider.describe(job_id=req.job_id)}
+    assert set(seen) == {i.instance_id for i in infos}
+    assert [seen[i.instance_id].tags[TAG_NODE] for i in infos] == ["0", "1"]
+    assert all(seen[i.instance_id].tags["spotrun:attempt"] == "1" for i in infos)
+
+
+def test_group_launch_is_idempotent_by_client_token(harness: Harness) -> None:
+    req = _group(harness.spot_ok)
+    first = _launch_group(harness, req)
+    again = _launch_group(harness, req)
+    assert [i.instance_id for i in again] == [i.instance_id for i in first]
+    assert len(harness.provider.describe(job_id=req.job_id)) == 2
+
+
+def test_group_launch_without_room_leaves_nothing_running(harness: Harness) -> None:
+    req = _group(harness.spot_full)
+    with pytest.raises(CapacityError):
+        _launch_group(harness, req)
+    assert _live(harness, req.job_id) == []
+
+
+def test_one_node_replacement_is_a_count_one_launch_with_its_own_token(harness: Harness) -> None:
+    req = _group(harness.spot_ok)
+    group = _launch_group(harness, req)
+    again = replace(req, count=1, node_ranks=(1,), candidates=(harness.spot_ok,),
+                    client_token=req.client_token + "-r1", tags={**req.tags, TAG_NODE: "1"})
+    new = harness.provider.launch(harness.provider.plan_launch(again))
+    assert new.instance_id not in {i.instance_id for i in group}
+    assert new.zone == harness.spot_ok.zone and _one(harness, new.instance_id).tags[TAG_NODE] == "1"
+
+
+def test_interrupt_reclaims_after_the_notice(harness: Harness) -> None:
+    info = _launch(harness, harness.spot_ok)
+    _interrupt(harness, [info.instance_id], notice_s=1.0)
+    done = wait_for(lambda: _one(harness, info.instance_id).state.is_terminal() and
+                    _one(harness, info.instance_id), what="interrupted")
+    assert done.cause is TerminationCause.SPOT_RECLAIM and done.ended_at is not None

@@ -102,7 +102,6 @@ BAD = [
     ("resources.gpus", 1.5, "resources.gpus"),
     ("resources.gpus", True, "resources.gpus"),
     ("resources.nodes", 0, "resources.nodes"),
-    ("resources.nodes", 2, "resources.nodes"),
     ("resources.nodes", 65, "resources.nodes"),
     ("resources.nodes", "2-1", "resources.nodes"),
     ("resources.nodes", "0-2", "resources.nodes"),
@@ -300,3 +299,10 @@ def test_more_bad_fields_say_what_is_allowed(path, value, field, says):
         parse(_with(path, value))
     assert info.value.field == field and says in str(info.value)
     assert "\n" not in str(info.value)
+
+
+def test_multi_node_counts_and_elastic_ranges_are_accepted():
+    assert parse(_with("resources.nodes", 2)).resources.nodes == 2
+    elastic = parse(_with("resources.nodes", "1-2")).resources
+    assert (elastic.nodes, elastic.nodes_min, elastic.min_nodes) == (2, 1, 1)
+    assert parse(_with("resources.nodes", 64)).resources.nodes == 64

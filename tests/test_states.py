@@ -47,3 +47,18 @@ def test_transition_table_is_total_and_terminal_states_do_not_run_again():
         state = AttemptState.ENDED
     with pytest.raises(TransitionError):
         move_attempt(Att(), AttemptState.RUNNING)
+
+
+def test_node_transitions_end_once_and_never_run_again():
+    import pytest
+    from spotrun.states import NODE_TRANSITIONS, NodeState, TransitionError, move_node
+    assert set(NODE_TRANSITIONS) == set(NodeState)
+    assert NODE_TRANSITIONS[NodeState.ENDED] == frozenset()
+    assert [s for s in NodeState if s.is_terminal()] == [NodeState.ENDED]
+
+    class Node:
+        state = NodeState.LAUNCHING
+    n = Node()
+    assert move_node(n, NodeState.RUNNING) and move_node(n, NodeState.ENDED)
+    with pytest.raises(TransitionError):
+        move_node(n, NodeState.RUNNING)

@@ -45,3 +45,19 @@ def test_unknown_zone_for_the_local_market_is_refused(tmp_path, monkeypatch):
     result = CliRunner().invoke(cli, ["submit", str(spec)])
     assert result.exit_code == 2
     assert "resources.zones[0]" in result.output and "us-east-1a" in result.output
+
+
+def test_dry_run_of_a_two_node_job_plans_one_group_in_one_pool(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPOTRUN_HOME", str(tmp_path / "home"))
+    spec = tmp_path / "job.yaml"
+    spec.write_text("name: mn\ncommand: x\nresources: {nodes: 2}\npolicy: {market: spot}\n")
+    result = CliRunner().invoke(cli, ["submit", "--dry-run", "--json", str(spec)])
+    assert result.exit_code == 0, result.output
+    launch = json.loads(result.output)["launch"]
+    assert launch["request"]["count"] == 2 and launch["request"]["node_ranks"] == [0, 1]
+    bodies = [c["body"] for c in launch["calls"]]
+    assert [b["client_token"] for b in bodies] == ["<dry-run>-0", "<dry-run>-1"]
+    assert [b["tags"]["spotrun:node"] for b in bodies] == ["0", "1"]
+    assert len({json.dumps(b["candidates"]) for b in bodies}) == 1
+    assert len(bodies[0]["candidates"]) == 1
+    assert not (tmp_path / "home").exists()

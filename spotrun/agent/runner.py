@@ -18,7 +18,7 @@ import structlog
 
 from spotrun import layout
 from spotrun.agent.child import (child_env, exit_code_of, notice_path, record_notice,
-                                 signal_group, spawn)
+                                 signal_group)
 from spotrun.checkpoints import checkpoint_step
 from spotrun.agent.clock import Clock, SystemClock, iso
 from spotrun.agent.config import AgentConfig
@@ -26,6 +26,8 @@ from spotrun.agent.deadman import DeadmanSwitch
 from spotrun.agent.fence import AttemptFence, GuardedReporter, fenced_key, instance_identity
 from spotrun.agent.imds import ImdsClient, discovery_from_env, endpoint_for
 from spotrun.agent.logship import LogShipper, OutputTee
+from spotrun.agent.multinode import MultiNode
+from spotrun.agent.nodes import is_multi_node, signal_marked
 from spotrun.agent.outputs import OutputUploader
 from spotrun.agent.notice import NoticeWatcher, notice_poll_interval_wall_s
 from spotrun.agent.progress import ProgressReader
@@ -40,8 +42,8 @@ log = structlog.get_logger("spotrun.agent")
 TICK_S = 0.1   # longest the loop sleeps; bounds reaction to child exit and signals
 
 
-class Agent:
-    """One attempt, from setup to exit.json."""
+class Agent(MultiNode):
+    """One attempt, from setup to exit.json (of one node, in a multi-node attempt)."""
 
     def __init__(self, config: AgentConfig, *, workdir: str | Path,
                  store: ObjectStore | None = None, checkpoint_store: ObjectStore | None = None,
@@ -77,11 +79,28 @@ class Agent:
         self.outputs: OutputUploader | None = None
         self._tee: OutputTee | None = None
         self.resumed_from: int | None = None   # the step of the checkpoint handed to the job
+        self.multi = is_multi_node(config)
+        self.instance_id: str | None = None   # known from the start in a multi-node attempt
+        self.init_multi_node()
 
     # ------------------------------------------------------------ reports
 
     def _key(self, fn: Any) -> str:
         return fn(self.config.job_id, self.config.attempt)
+
+    def _report_key(self, kind: str) -> str:
+        """heartbeat / exit / notice: the attempt's, or this node's in a multi-node attempt."""
+        if self.multi and self.instance_id:
+            fn = {"heartbeat": layout.node_heartbeat_key, "exit": layout.node_exit_key,
+                  "notice": layout.node_notice_key}[kind]
+            return fn(self.config.job_id, self.config.attempt, self.instance_id)
+        return self._key({"heartbeat": layout.heartbeat_key, "exit": layout.exit_key,
+                          "notice": layout.notice_key}[kind])
+
+    def _signal_child(self, sig: int) -> bool:
+        """Signal the command's group and (multi-node) every process it started elsewhere."""
+        sent = self.proc is not None and signal_group(self.proc, sig)
+        return signal_marked(self.marker, sig) > 0 or sent
 
     def heartbeat(self, phase: str) -> None:
         """Write heartbeat.json with the latest progress."""
@@ -89,7 +108,7 @@ class Agent:
         total = p.get("total_steps")
         if total is None:
             total = self.config.total_steps
-        self.reporter.put_json(self._key(layout.heartbeat_key), dump(Heartbeat(
+        self.reporter.put_json(self._report_key("heartbeat"), dump(Heartbeat(
             ts=iso(self.clock.time()), attempt=self.config.attempt, phase=phase,
             step=p.get("step"), total_steps=total, steps_per_s=p.get("steps_per_s"),
             last_checkpoint_step=p.get("last_checkpoint_step"),
@@ -99,12 +118,13 @@ class Agent:
             checkpoint_error=p.get("checkpoint_error"),
             notice=self._notice is not None, rebalance=self._rebalance,
             # The checkpoint this attempt really restored (the daemon's plan may differ).
-            resumed_from=self.resumed_from)))
+            resumed_from=self.resumed_from, **self.node_fields())))
 
     def _write_exit(self, reason: str, exit_code: int | None, message: str | None = None) -> None:
-        self.reporter.put_json(self._key(layout.exit_key), dump(ExitReport(
+        self.reporter.put_json(self._report_key("exit"), dump(ExitReport(
             ts=iso(self.clock.time()), exit_code=exit_code, reason=reason,
-            step=self.progress.read().get("step"), message=message[:500] if message else None)))
+            step=self.progress.read().get("step"), message=message[:500] if message else None,
+            **self.node_fields())))
 
     # ------------------------------------------------------------ notice (notice thread)
 
@@ -113,7 +133,8 @@ class Agent:
         record_notice(notice_path(self.paths.progress_path), info, seen_wall_s=self.clock.time(),
                       time_scale=self.config.time_scale, imds=self.imds,
                       poll_wall_s=notice_poll_interval_wall_s(self.config))
-        signalled = self.proc is not None and signal_group(self.proc, signal.SIGUSR1)
+        self.notice_raw = dict(info)   # written again if the command restarts
+        signalled = self._signal_child(signal.SIGUSR1)
         now = self.clock.time()
         with self._notice_lock:
             self._notice_baseline = self.progress.read().get("emergency_checkpoint_step")
@@ -121,7 +142,7 @@ class Agent:
             self._notice = {"ts": iso(now), "action": info.get("action"), "time": info.get("time"),
                             "signalled_at": iso(now) if signalled else None,
                             "emergency_checkpoint_step": None, "emergency_save_s": None}
-            self.reporter.put_json(self._key(layout.notice_key), dump(Notice(**self._notice)))
+            self.reporter.put_json(self._report_key("notice"), dump(Notice(**self._notice)))
         self._beat_now = True
         if self.outputs is not None:
             self.outputs.start("notice")   # what exists now, before the instance goes
@@ -143,7 +164,7 @@ class Agent:
                 return
             took = round(self.clock.monotonic() - (self._notice_mono or 0.0), 3)
             self._notice.update(emergency_checkpoint_step=step, emergency_save_s=took)
-            self.reporter.put_json(self._key(layout.notice_key), dump(Notice(**self._notice)))
+            self.reporter.put_json(self._report_key("notice"), dump(Notice(**self._notice)))
         log.info("emergency_checkpoint_seen", step=step, save_s=took)
 
     # ------------------------------------------------------------ stopping
@@ -153,11 +174,13 @@ class Agent:
 
     def begin_stop(self, reason: str) -> None:
         """SIGTERM the job's group; SIGKILL follows after the grace."""
-        if self.stop_reason is not None or self.proc is None:
+        if self.stop_reason is not None:
             return
         self.stop_reason = reason
+        if self.proc is None:   # waiting to be listed: the command never starts
+            return
         self._kill_at = self.clock.monotonic() + self.config.stop_grace_s
-        signal_group(self.proc, signal.SIGTERM)
+        self._signal_child(signal.SIGTERM)
         log.warning("stopping_job", reason=reason, grace_s=self.config.stop_grace_s)
 
     def begin_save_then_stop(self, reason: str) -> None:
@@ -165,7 +188,8 @@ class Agent:
         if self._save_then_stop is not None or self.stop_reason is not None or self.proc is None:
             return
         baseline = self.progress.read().get("emergency_checkpoint_step")
-        signal_group(self.proc, signal.SIGUSR1)
+        self.notice_for_workers()
+        self._signal_child(signal.SIGUSR1)
         self._save_then_stop = (reason, self.clock.monotonic() + self.config.stop_grace_s,
                                 baseline)
         log.warning("checkpoint_then_stop", reason=reason)
@@ -222,8 +246,11 @@ class Agent:
         if threading.current_thread() is threading.main_thread():   # only there can it
             for sig in (signal.SIGTERM, signal.SIGINT):
                 signal.signal(sig, self._on_signal)
-        log.info("agent_start", job_id=self.config.job_id, attempt=self.config.attempt)
-        if not self._claim_attempt():
+        log.info("agent_start", job_id=self.config.job_id, attempt=self.config.attempt,
+                 nodes=self.config.nodes)
+        if self.multi:
+            self.instance_id = instance_identity(self.environ, self.imds)
+        elif not self._claim_attempt():
             self._shutdown()
             return 1
         self.heartbeat("setup")
@@ -247,17 +274,24 @@ class Agent:
         env = child_env(self.config, base=self.environ, secrets=prepared.secrets,
                         resume_checkpoint=prepared.resume_checkpoint,
                         progress_file=self.paths.progress_path)
-        values = list(prepared.secrets.values())
-        shipper = LogShipper(self.reporter, layout.log_prefix(self.config.job_id,
-                                                              self.config.attempt),
-                             self.paths.log_path, Redactor(values))
-        self.proc = spawn(self.config.command, cwd=self.paths.job_dir, env=env,
-                          log_path=self.paths.log_path, pipe=True)
-        assert self.proc.stdout is not None
-        self._tee = OutputTee(self.proc.stdout, self.paths.log_path, Redactor(values)).start()
-        del env, prepared, values
-        log.info("command_started", pid=self.proc.pid)
-        if self.config.outputs:
+        self.redact = list(prepared.secrets.values())
+        log_prefix = layout.log_prefix(self.config.job_id, self.config.attempt)
+        if self.multi:
+            assert self.instance_id is not None
+            log_prefix = layout.node_log_prefix(self.config.job_id, self.config.attempt,
+                                                self.instance_id)
+            if not self.await_listing():
+                reason = self.stop_reason or "error"
+                self.heartbeat("exited")
+                self._write_exit(reason, None, "never listed in nodes.json"
+                                 if reason == "error" else None)
+                self._shutdown()
+                return 1
+        shipper = LogShipper(self.reporter, log_prefix, self.paths.log_path,
+                             Redactor(self.redact))
+        self.start_command(env)
+        del env, prepared
+        if self.config.outputs and self.writes_outputs():
             self.outputs = OutputUploader(self.store, self.config.job_id, self.config.attempt,
                                           self.paths.job_dir, self.config.outputs,
                                           clock=self.clock.time)
@@ -266,6 +300,9 @@ class Agent:
         watcher.start()
         try:
             returncode = self._loop(shipper)
+            while self.multi and self.stop_reason is None and self.restart_wanted(returncode):
+                self.restart_command()
+                returncode = self._loop(shipper)
         finally:
             watcher.stop()
         return self._finish(returncode, shipper)
@@ -284,6 +321,8 @@ class Agent:
             now = self.clock.monotonic()
             if now >= next_control:
                 self._poll_control()
+                if self.multi:
+                    self.poll_membership()
                 next_control = now + cfg.control_poll_interval_s
             self._check_emergency_save()
             self._check_save_then_stop()
@@ -296,7 +335,7 @@ class Agent:
                 next_flush = now + cfg.log_flush_interval_s
             if self._kill_at is not None and now >= self._kill_at:
                 log.error("job_ignored_sigterm", action="SIGKILL")
-                signal_group(self.proc, signal.SIGKILL)
+                self._signal_child(signal.SIGKILL)
                 self._kill_at = None
             wait_s = min(TICK_S, max(0.0, min(next_beat, next_flush, next_control)
                                      - self.clock.monotonic()))
@@ -308,7 +347,7 @@ class Agent:
     def _finish(self, returncode: int, shipper: LogShipper) -> int:
         assert self.proc is not None
         # Leftovers of the group (background jobs, workers) must not outlive the attempt.
-        signal_group(self.proc, signal.SIGKILL)
+        self._signal_child(signal.SIGKILL)
         code = exit_code_of(returncode)
         reason = self.stop_reason or ("completed" if code == 0 else "error")
         self._check_emergency_save()

@@ -21,7 +21,9 @@ from sqlmodel import Session, select
 
 from spotrun.audit.regret import hindsight
 from spotrun.daemon.savefail import save_warnings
-from spotrun.db import Attempt, Job, SpendEntry, attempts_of, find_job, iter_jobs
+from spotrun.audit.nodes import node_lines, node_seconds, replacement_seconds
+from spotrun.db import Attempt, AttemptNode, Job, SpendEntry, attempts_of, find_job, iter_jobs, \
+    nodes_of
 from spotrun.errors import NotFoundError
 from spotrun.ledger.intervals import seconds_between
 from spotrun.ledger.rules import SpendKind
@@ -34,8 +36,8 @@ FinalStep = Callable[[Job, Attempt], "int | None"]   # the agent's last reported
 ATTEMPT_CAUSES = ("productive", "lost_work", "startup", "restart_overhead", "paid_idle",
                   "checkpoint_stall")
 CAUSES = ATTEMPT_CAUSES + ("waiting_for_capacity",
-                           # Multi-node jobs (issue 16) will book the paid wait of the
-                           # surviving nodes while a lost node is replaced; 0 until then.
+                           # Multi-node jobs: the surviving nodes' paid wait while a lost node
+                           # is replaced (spotrun.audit.nodes).
                            "node_replacement",
                            "storage", "volumes", "other")
 WASTE_CAUSES = ("lost_work", "restart_overhead", "waiting_for_capacity", "checkpoint_stall",
@@ -68,6 +70,7 @@ class AttemptAudit:
     ran_to: int = 0
     causes: dict = field(default_factory=dict)
     not_charged_usd: float = 0.0
+    nodes: list = field(default_factory=list)    # multi-node: one line per node instance
 
     def to_dict(self) -> dict:
         """The JSON view of one attempt (times on the provider clock: `*_market`)."""
@@ -206,15 +209,18 @@ def audit_job(s: Session, job: Job, *, since: datetime | None = None,
     usd_by_attempt: dict[int, float] = defaultdict(float)
     gross_by_attempt: dict[int, float] = defaultdict(float)
     booked_end: dict[int, datetime] = {}
+    usd_by_instance: dict[str, float] = defaultdict(float)
     for r in rows:
         if r.attempt_id is not None and r.kind in SpendKind.instance_kinds():
             usd_by_attempt[r.attempt_id] += r.usd
+            usd_by_instance[r.instance_id or ""] += r.usd
             if r.kind == SpendKind.COMPUTE.value:
                 gross_by_attempt[r.attempt_id] += r.usd
                 booked_end[r.attempt_id] = max(r.end, booked_end.get(r.attempt_id, r.end))
     ckpt = checkpoint_step(job) if checkpoint_step else None
+    nodes = {a.id: nodes_of(s, a.id) for a in atts if a.nodes > 1 or a.nodes_min is not None}
     _attempts(out, job, all_atts, atts, usd_by_attempt, gross_by_attempt, booked_end,
-              od_price, ckpt, final_step)
+              od_price, ckpt, final_step, nodes, usd_by_instance)
     # Instance rows of no attempt audited here (outside the window, an orphan's) are "other".
     audited = {a.id for a in atts if a.started_at is not None}
     loose = sum(u for aid, u in usd_by_attempt.items() if aid not in audited) + sum(
@@ -257,7 +263,8 @@ def _actuals(out: JobAudit, rows: list[SpendEntry]) -> None:
 def _attempts(out: JobAudit, job: Job, all_atts: list[Attempt], atts: list[Attempt],
               usd_by_attempt: dict[int, float], gross_by_attempt: dict[int, float],
               booked_end: dict[int, datetime], od_price: OdPrice, ckpt: int | None,
-              final_step: FinalStep | None) -> None:
+              final_step: FinalStep | None, nodes: dict[int, list[AttemptNode]] | None = None,
+              usd_by_instance: dict[str, float] | None = None) -> None:
     nxt = {a.id: all_atts[i + 1] if i + 1 < len(all_atts) else None
            for i, a in enumerate(all_atts)}
     prev = {a.id: all_atts[i - 1] if i > 0 else None for i, a in enumerate(all_atts)}
@@ -301,9 +308,15 @@ def _attempts(out: JobAudit, job: Job, all_atts: list[Attempt], atts: list[Attem
         # Unsaved steps of an attempt still running are work in progress, not (yet) lost.
         lost = 0 if a.ended_at is None else gained - kept
         first = prev[a.id] is None
-        split = split_attempt(used_s=used_s, inst_usd=inst_usd, overhead_s=overhead,
-                              stall_s=a.checkpoint_stall_s, kept_steps=gained - lost,
-                              lost_steps=lost, steps_per_s=rate, first=first)
+        mine = (nodes or {}).get(a.id) or []
+        if mine:
+            split = _split_nodes(mine, end, used_s=used_s, inst_usd=inst_usd, overhead_s=overhead,
+                                 stall_s=a.checkpoint_stall_s, kept_steps=gained - lost,
+                                 lost_steps=lost, steps_per_s=rate, first=first)
+        else:
+            split = split_attempt(used_s=used_s, inst_usd=inst_usd, overhead_s=overhead,
+                                  stall_s=a.checkpoint_stall_s, kept_steps=gained - lost,
+                                  lost_steps=lost, steps_per_s=rate, first=first)
         free = (a.end_reason is EndReason.RECLAIMED and abs(inst_usd) < 1e-12
                 and gross_by_attempt.get(a.id, 0.0) > 0)
         aa = AttemptAudit(
@@ -314,7 +327,8 @@ def _attempts(out: JobAudit, job: Job, all_atts: list[Attempt], atts: list[Attem
             steps_per_hour=rate * 3600.0 if rate else None, od_usd_per_hour=od,
             baseline_usd=base, overhead_s=overhead, stall_s=a.checkpoint_stall_s,
             wait_before_s=wait, resumed_from=a.start_step, ran_to=ran_to,
-            causes=split, not_charged_usd=gross_by_attempt.get(a.id, 0.0) if free else 0.0)
+            causes=split, not_charged_usd=gross_by_attempt.get(a.id, 0.0) if free else 0.0,
+            nodes=node_lines(mine, usd_by_instance or {}, end))
         out.attempts.append(aa)
         out.baseline_on_demand_usd += base
         out.kept_steps += kept
@@ -325,7 +339,11 @@ def _attempts(out: JobAudit, job: Job, all_atts: list[Attempt], atts: list[Attem
             out.causes["waiting_for_capacity"].add(wait / 3600.0, 0.0)
         if free:
             out.not_charged.add(used_s / 3600.0, aa.not_charged_usd)
-        if a.end_reason is EndReason.RECLAIMED:
+        for n in mine:   # a multi-node attempt: each reclaimed node is one preemption
+            if n.end_reason is EndReason.RECLAIMED:
+                out.preemptions += 1
+                out.reclaims.append(n.ended_at or a.started_at)
+        if a.end_reason is EndReason.RECLAIMED and not mine:
             out.preemptions += 1
             out.reclaims.append(a.ended_at or a.started_at)
         if a.notice_at is not None:
@@ -375,6 +393,30 @@ def split_attempt(*, used_s: float, inst_usd: float, overhead_s: float | None,
     # Rounding: the largest line takes the last fraction of a cent, so the sum is exact.
     big = max(out, key=lambda c: abs(out[c].usd or 0.0))
     out[big].usd = (out[big].usd or 0.0) + inst_usd - sum(w.usd or 0.0 for w in out.values())
+    return out
+
+
+def _split_nodes(nodes: list[AttemptNode], end: datetime | None, *, used_s: float,
+                 inst_usd: float, overhead_s: float | None, stall_s: float | None,
+                 kept_steps: int, lost_steps: int, steps_per_s: float | None,
+                 first: bool) -> dict[str, WasteLine]:
+    """split_attempt in node-seconds, with the survivors' wait for replacements on its own."""
+    node_s = node_seconds(nodes, end)
+    if node_s <= 0 or used_s <= 0:
+        out = split_attempt(used_s=used_s, inst_usd=inst_usd, overhead_s=overhead_s,
+                            stall_s=stall_s, kept_steps=kept_steps, lost_steps=lost_steps,
+                            steps_per_s=steps_per_s, first=first)
+        out["node_replacement"] = WasteLine()
+        return out
+    k = node_s / used_s                      # nodes paid on average over the attempt
+    repl_s = min(replacement_seconds(nodes, end), node_s)
+    frac = repl_s / node_s
+    out = split_attempt(used_s=node_s - repl_s, inst_usd=inst_usd * (1.0 - frac),
+                        overhead_s=overhead_s * k if overhead_s is not None else None,
+                        stall_s=stall_s * k if stall_s is not None else None,
+                        kept_steps=kept_steps, lost_steps=lost_steps,
+                        steps_per_s=steps_per_s / k if steps_per_s else None, first=first)
+    out["node_replacement"] = WasteLine(repl_s / 3600.0, inst_usd * frac)
     return out
 
 

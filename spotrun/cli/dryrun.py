@@ -37,7 +37,9 @@ def dry_run_plan(sub: Submission, settings: Settings) -> dict[str, Any]:
         candidates=tuple(Pool(c.instance_type, c.zone, c.market) for c in placed.candidates),
         user_data=build_agent_config(settings, plan).to_json(),
         tags={TAG_JOB: sub.job_id, TAG_ATTEMPT: "1", TAG_MANAGED: "true"},
-        max_price_usd_per_hour=spec.policy.max_price_usd_per_hour)
+        max_price_usd_per_hour=spec.policy.max_price_usd_per_hour,
+        # A multi-node job's first launch is one group of all its nodes in one pool.
+        count=spec.resources.nodes, node_ranks=tuple(range(spec.resources.nodes)))
     out["launch"] = provider.plan_launch(request).to_dict()
     return out
 

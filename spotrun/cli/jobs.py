@@ -110,6 +110,16 @@ def print_jobs(console: Console, data: list[dict[str, Any]], *, wide: bool = Fal
             console.print(f"[yellow]warning[/yellow] {d['id']}: {w}", markup=True)
 
 
+def _instances_text(a: dict[str, Any]) -> str:
+    """One instance id, or `N nodes: id, id` for a multi-node attempt (its live ones)."""
+    nodes = a.get("nodes") or []
+    if (a.get("nodes_wanted") or 1) <= 1 and a.get("nodes_min") is None:
+        return a["instance_id"] or "-"
+    live = [n["instance_id"] for n in nodes if n.get("state") != "ended"] or \
+        [n["instance_id"] for n in nodes]
+    return f"{a.get('nodes_wanted')} nodes: " + (", ".join(i for i in live if i) or "-")
+
+
 def steps_text(a: dict[str, Any]) -> str:
     """An attempt's steps as `resumed from R, ran to E` (E unknown: `?`)."""
     end = "?" if a.get("ran_to") is None else str(a["ran_to"])
@@ -142,7 +152,7 @@ def print_timeline(console: Console, d: dict[str, Any], events: list[dict[str, A
              "steps": steps_text(a), "end": a["end_reason"] or a["state"],
              "start": a["started_at_market"].strftime("%Y-%m-%d %H:%M:%S")
              if a["started_at_market"] else "-",
-             "instance": a["instance_id"] or "-"} for a in d["attempts"]]
+             "instance": _instances_text(a)} for a in d["attempts"]]
     print_table(console, "attempts", cols, rows, wide=wide)
     if events:
         e = Table(title="events (wall clock)")

@@ -10,6 +10,7 @@ from spotrun.config import Settings
 from spotrun.daemon.context import Clock, DaemonContext, SystemClock
 from spotrun.daemon.heartbeats import HeartbeatLoop, LivenessLoop
 from spotrun.daemon.lease import Lease, LeaseGuard
+from spotrun.daemon.nodeloop import NodeLoop
 from spotrun.daemon.notify import NotifyLoop
 from spotrun.daemon.orphans import OrphanLoop
 from spotrun.daemon.reconcile import ReconcileLoop
@@ -50,6 +51,8 @@ def build_loops(ctx: DaemonContext) -> list[Scheduled]:
              Scheduled(SchedulerLoop(ctx), d.schedule_interval_s),
              Scheduled(ReconcileLoop(ctx), d.reconcile_interval_s),
              Scheduled(HeartbeatLoop(ctx), d.heartbeat_interval_s),
+             # Multi-node attempts; a refused replacement is tried again every schedule tick.
+             Scheduled(NodeLoop(ctx), d.schedule_interval_s),
              Scheduled(OrphanLoop(ctx), d.orphan_interval_s)]
     from spotrun.providers.facts import facts_for
     volume_gb = facts_for(ctx.settings).billed_volume_gb(ctx.settings)

@@ -30,8 +30,10 @@ class HeartbeatLoop:
     def tick(self, now: datetime) -> None:
         """One pass over running attempts."""
         with session(self.ctx.engine) as s:
+            # Multi-node attempts report per node: the node loop reads those (nodeloop.py).
             rows = list(s.exec(select(Attempt, Job).where(
-                Attempt.state == AttemptState.RUNNING, Attempt.job_id == Job.id)))
+                Attempt.state == AttemptState.RUNNING, Attempt.job_id == Job.id,
+                Attempt.nodes <= 1, Attempt.nodes_min.is_(None))))
         for att, job in rows:
             store = self.ctx.store_for(job.store_uri)
             beat = read_report(store, layout.heartbeat_key(job.id, att.number), Heartbeat)
@@ -45,27 +47,8 @@ class HeartbeatLoop:
                 j = s.get(Job, job.id)
                 if fresh:
                     a.last_heartbeat_at = now
-                    step = beat.step
-                    attempt_resumed_from(a, beat.resumed_from)
-                    attempt_reported(a, step)
-                    saved = beat.last_checkpoint_step
-                    if saved is not None and saved > self._saved.get(att.id, att.start_step):
-                        self._saved[att.id] = saved
-                        if beat.checkpoint_save_s is not None:
-                            # Each new checkpoint paused training for its blocking save.
-                            a.checkpoint_stall_s = (a.checkpoint_stall_s or 0.0) \
-                                + beat.checkpoint_save_s
-                    job_reached(j, saved)   # only checkpointed progress survives a loss
-                    if beat.total_steps is not None and beat.total_steps > 0:
-                        j.total_steps = beat.total_steps
-                    if beat.steps_per_s is not None:
-                        a.steps_per_s = beat.steps_per_s
-                    if beat.checkpoint_save_s is not None:
-                        a.checkpoint_save_s = beat.checkpoint_save_s
-                    if a.running_at is None and beat.phase == "running" \
-                            and step is not None and step > a.start_step:
-                        # Boot, setup and restore are over once the job makes progress.
-                        a.running_at = self.ctx.provider.now()
+                    self._saved[att.id] = apply_beat(self.ctx, a, j, beat,
+                                                     self._saved.get(att.id, att.start_step))
                     s.add(j)
                     if record_save_failures(s, a, beat):
                         self.ctx.log.warning("checkpoint_save_failed", job=job.id,
@@ -88,6 +71,31 @@ class HeartbeatLoop:
         if now - last > timeout:
             terminate_attempt(self.ctx, a, EndReason.LOST,
                               f"no heartbeat for {timeout.total_seconds():.0f} s")
+
+
+def apply_beat(ctx: DaemonContext, a: Attempt, j: Job, beat: Heartbeat, saved_before: int) -> int:
+    """A fresh heartbeat as the attempt's and job's progress; the newest checkpoint step seen."""
+    step = beat.step
+    attempt_resumed_from(a, beat.resumed_from)
+    attempt_reported(a, step)
+    saved = beat.last_checkpoint_step
+    if saved is not None and saved > saved_before:
+        saved_before = saved
+        if beat.checkpoint_save_s is not None:
+            # Each new checkpoint paused training for its blocking save.
+            a.checkpoint_stall_s = (a.checkpoint_stall_s or 0.0) + beat.checkpoint_save_s
+    job_reached(j, saved)   # only checkpointed progress survives a loss
+    if beat.total_steps is not None and beat.total_steps > 0:
+        j.total_steps = beat.total_steps
+    if beat.steps_per_s is not None:
+        a.steps_per_s = beat.steps_per_s
+    if beat.checkpoint_save_s is not None:
+        a.checkpoint_save_s = beat.checkpoint_save_s
+    if a.running_at is None and beat.phase == "running" \
+            and step is not None and step > a.start_step:
+        # Boot, setup and restore are over once the job makes progress.
+        a.running_at = ctx.provider.now()
+    return saved_before
 
 
 class LivenessLoop:

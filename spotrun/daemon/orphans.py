@@ -15,7 +15,7 @@ from datetime import datetime, timedelta
 from sqlmodel import select
 
 from spotrun.daemon.context import DaemonContext
-from spotrun.db import Attempt, LedgerMark, SpendEntry, add_event, session
+from spotrun.db import Attempt, AttemptNode, LedgerMark, SpendEntry, add_event, session
 from spotrun.ledger.intervals import seconds_between
 from spotrun.ledger.rules import BillingRules, PriceSource, SpendKind, rules_for
 from spotrun.providers.base import TAG_ATTEMPT, TAG_JOB, TAG_MANAGED, InstanceInfo
@@ -57,8 +57,20 @@ class OrphanLoop:
             atts = list(s.exec(select(Attempt)))
             booked = {m.key for m in s.exec(select(LedgerMark).where(
                 LedgerMark.key.startswith("orphan:")))}
+            # A multi-node attempt owns its nodes' instances while the node is live.
+            by_id = {a.id: a for a in atts}
+            nodes = list(s.exec(select(AttemptNode)))
         by_iid = {a.instance_id: a for a in atts if a.instance_id}
+        node_of = {n.instance_id: n for n in nodes if n.instance_id}
+        pending_tokens = {n.client_token for n in nodes
+                          if n.instance_id is None and not n.state.is_terminal()}
         for info in managed:
+            node = node_of.get(info.instance_id)
+            if node is not None:
+                # The spend loop books node instances; a live one whose node ended is swept.
+                if not info.state.is_terminal() and node.state.is_terminal():
+                    self._sweep(info, by_id.get(node.attempt_id), now, out)
+                continue
             att = by_iid.get(info.instance_id)
             if att is None:
                 att = self._reattach(info, atts, out)
@@ -66,8 +78,9 @@ class OrphanLoop:
                 if att is not None and att.state is not AttemptState.ENDED:
                     self._first_seen.pop(info.instance_id, None)
                     continue
-                if self._pending_launch(info, atts):
-                    continue   # the scheduler adopts it by client token
+                if self._pending_launch(info, atts) or (
+                        info.client_token and info.client_token in pending_tokens):
+                    continue   # the scheduler (or node loop) adopts it by client token
                 self._sweep(info, att, now, out)
             elif att is None and orphan_key(info.instance_id) not in booked:
                 self._book(info, now)

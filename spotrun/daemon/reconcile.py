@@ -190,8 +190,8 @@ class ReconcileLoop:
                 for a in attempts_of(s, job.id):
                     if a.state.is_terminal():
                         continue
-                    if a.instance_id:
-                        self.ctx.provider.terminate(a.instance_id)
+                    if a.instance_id or _multi(a):
+                        _terminate_instances(self.ctx, a, "cancelled by user")
                         if a.state is not AttemptState.TERMINATING:
                             move_attempt(a, AttemptState.TERMINATING)
                             a.end_reason = EndReason.CANCELLED
@@ -234,7 +234,8 @@ class ReconcileLoop:
             # The agent saves, then stops the job within its grace; after that we terminate.
             grace_s = 2 * STOP_GRACE_S
             for a in live:
-                if a.state is AttemptState.TERMINATING or a.instance_id is None:
+                if a.state is AttemptState.TERMINATING or (a.instance_id is None
+                                                           and not _multi(a)):
                     continue
                 if a.stop_requested_at is None:
                     with session(self.ctx.engine) as s:
@@ -298,8 +299,7 @@ def end_reason_of(report: ExitReport | None, info: InstanceInfo, att: Attempt,
 
 def terminate_attempt(ctx: DaemonContext, att: Attempt, reason: EndReason, detail: str) -> None:
     """Ask the provider to end an attempt's instance and remember why (used by other loops)."""
-    if att.instance_id:
-        ctx.provider.terminate(att.instance_id)
+    _terminate_instances(ctx, att, detail, reason)
     with session(ctx.engine) as s:
         a = s.get(Attempt, att.id)
         if a.state.is_terminal():
@@ -310,3 +310,18 @@ def terminate_attempt(ctx: DaemonContext, att: Attempt, reason: EndReason, detai
         s.add(a)
         add_event(s, a.job_id, "terminating", f"attempt {a.number}: {detail}", attempt_id=a.id)
         s.commit()
+
+
+def _multi(att: Attempt) -> bool:
+    from spotrun.daemon.nodes import is_multi
+    return is_multi(att)
+
+
+def _terminate_instances(ctx: DaemonContext, att: Attempt, detail: str,
+                         reason: EndReason = EndReason.CANCELLED) -> None:
+    """Terminate an attempt's instance, or every node of a multi-node attempt."""
+    if _multi(att):
+        from spotrun.daemon.nodes import terminate_nodes
+        terminate_nodes(ctx, att, reason, detail)
+    elif att.instance_id:
+        ctx.provider.terminate(att.instance_id)

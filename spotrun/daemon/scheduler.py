@@ -13,6 +13,7 @@ from __future__ import annotations
 import secrets
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Any
 
 from sqlmodel import select
 
@@ -21,6 +22,8 @@ from spotrun.agent.config import AgentConfig
 from spotrun.config import Settings
 from spotrun.daemon.context import DaemonContext
 from spotrun.daemon.decision import placement_for
+from spotrun.daemon.nodes import (add_group_intents, group_pending, is_multi, launch_group,
+                                  spec_is_multi, terminate_nodes)
 from spotrun.daemon.placement import PolicyPlacer, same_pool
 from spotrun.decide import MAX_CANDIDATES, Candidate
 from spotrun.decide.deadline import deadline_on_provider_clock
@@ -130,7 +133,10 @@ class SchedulerLoop:
         start_step = self.ctx.checkpointed_step(job.id, job.checkpoint_uri, job.last_step)
         first = pools[0]
         price = self._price(first)
+        spec = spec_from_dict(job.spec)
+        multi = spec_is_multi(spec)
         attempt = Attempt(job_id=job.id, number=number, state=AttemptState.LAUNCHING,
+                          nodes=spec.resources.nodes, nodes_min=spec.resources.nodes_min,
                           market=first.market, instance_type=first.instance_type, zone=first.zone,
                           price_usd_per_hour=price, start_step=start_step,
                           client_token=f"{job.id}-a{number}-{secrets.token_hex(4)}",
@@ -146,8 +152,12 @@ class SchedulerLoop:
             j.updated_at = now
             s.add(j)
             s.flush()
+            if multi:
+                add_group_intents(s, attempt)   # one row per rank, tokens <token>-<k>
             add_event(s, job.id, "launch_intent", f"attempt {number}: {first.key()} "
-                      f"(+{len(pools) - 1} more)", attempt_id=attempt.id)
+                      f"(+{len(pools) - 1} more)"
+                      + (f", {spec.resources.nodes_text()} nodes" if multi else ""),
+                      attempt_id=attempt.id)
             s.commit()
         self._launch(job, attempt, pools, now)
 
@@ -158,7 +168,9 @@ class SchedulerLoop:
         for att in pending:
             with session(self.ctx.engine) as s:
                 job = s.get(Job, att.job_id)
-            if job.cancel_requested:
+                if is_multi(att) and not group_pending(s, att):
+                    continue   # launched: its nodes are the node loop's
+            if job.cancel_requested and not is_multi(att):
                 self._adopt_or_drop(job, att)
                 continue
             pools = pools_from_json(att.candidates)
@@ -185,6 +197,9 @@ class SchedulerLoop:
             s.commit()
 
     def _launch(self, job: Job, attempt: Attempt, pools: list[Pool], now: datetime) -> None:
+        if is_multi(attempt):
+            self._launch_group(job, attempt, pools, now)
+            return
         request = LaunchRequest(
             job_id=job.id, attempt_number=attempt.number, client_token=attempt.client_token,
             candidates=tuple(pools), user_data=self.agent_config(job, attempt).to_json(),
@@ -219,6 +234,35 @@ class SchedulerLoop:
         self.ctx.log.info("launched", job=job.id, attempt=attempt.number,
                           instance=info.instance_id, pool=f"{info.instance_type}/{info.zone}",
                           market=info.market.value)
+
+    def _launch_group(self, job: Job, attempt: Attempt, pools: list[Pool], now: datetime) -> None:
+        """All of a multi-node attempt's nodes in one pool (spotrun.daemon.nodes)."""
+        user_data = self.agent_config(job, attempt).to_json()
+        max_price = spec_from_dict(job.spec).policy.max_price_usd_per_hour
+        try:
+            infos = launch_group(self.ctx, job, attempt, pools, user_data, max_price)
+        except CapacityError as exc:
+            terminate_nodes(self.ctx, attempt, EndReason.LAUNCH_FAILED, "no capacity")
+            self._end_attempt(attempt, EndReason.LAUNCH_FAILED, f"no capacity: {exc.message}")
+            self._wait(job, now, f"no pool of {len(pools)} has room for {attempt.nodes} nodes")
+            return
+        except ProviderError as exc:
+            self.ctx.log.warning("launch_failed_retrying", job=job.id, error=str(exc))
+            return
+        except NotImplementedError:
+            # A provider without group launches: say so on the job instead of retrying blind.
+            terminate_nodes(self.ctx, attempt, EndReason.LAUNCH_FAILED, "no group launch")
+            self._end_attempt(attempt, EndReason.LAUNCH_FAILED,
+                              f"the {self.ctx.provider.name} provider cannot launch "
+                              "multi-node jobs yet")
+            self._wait(job, now, f"the {self.ctx.provider.name} provider cannot launch "
+                       "multi-node jobs yet")
+            return
+        self._no_capacity_until.pop(job.id, None)
+        self.ctx.log.info("launched", job=job.id, attempt=attempt.number,
+                          instances=[i.instance_id for i in infos],
+                          pool=f"{infos[0].instance_type}/{infos[0].zone}",
+                          market=infos[0].market.value)
 
     def _budget_allows(self, job: Job, c: Candidate, now: datetime) -> bool:
         """Refuse a launch the model expects to overrun the budget; stop the job instead."""
@@ -292,6 +336,11 @@ class AttemptPlan:
     checkpoint_interval_s: float | None      # provider clock, from the decision
 
 
+def user_data_for(ctx: DaemonContext, job: Job, attempt: Attempt) -> str:
+    """An attempt's user data (every node of a multi-node attempt gets the same)."""
+    return SchedulerLoop(ctx).agent_config(job, attempt).to_json()
+
+
 def build_agent_config(settings: Settings, plan: AttemptPlan) -> AgentConfig:
     """The agent's configuration for one attempt (the instance's user data)."""
     from spotrun.providers.facts import facts_for
@@ -312,4 +361,12 @@ def build_agent_config(settings: Settings, plan: AttemptPlan) -> AgentConfig:
         notice_poll_interval_s=st.agent.notice_poll_interval_s,
         log_flush_interval_s=st.agent.log_flush_interval_s,
         deadman_timeout_s=st.daemon.deadman_timeout_s, region=st.region,
-        **facts.agent_extras(st))
+        **_node_fields(spec), **facts.agent_extras(st))
+
+
+def _node_fields(spec: JobSpec) -> dict[str, Any]:
+    """AgentConfig's multi-node fields (MULTINODE.md), for agents that know them."""
+    known = getattr(AgentConfig, "__dataclass_fields__", {})
+    if not spec_is_multi(spec) or "nodes" not in known:
+        return {}
+    return {"nodes": spec.resources.nodes, "nodes_min": spec.resources.nodes_min}

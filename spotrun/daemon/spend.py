@@ -18,7 +18,9 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.exc import IntegrityError, OperationalError
 from sqlmodel import select
 
-from spotrun.db import Attempt, Job, LedgerMark, SpendEntry, attempts_of, session, utcnow
+from spotrun.daemon.nodes import is_multi
+from spotrun.db import (Attempt, AttemptNode, Job, LedgerMark, SpendEntry, attempts_of, session,
+                        utcnow)
 from spotrun.errors import SpotrunError
 from spotrun.ledger.booking import BookingConflict, book_attempt, instance_times
 from spotrun.ledger.budget import budget_check, job_budget_usd, request_budget_stop
@@ -80,8 +82,10 @@ class SpendLoop:
              .order_by(Attempt.id))
         with session(self.engine) as s:
             rows = list(s.exec(q))
-        # A launch still in flight has nothing billable yet.
-        return [a for a in rows if a.instance_id or a.started_at or a.state is AttemptState.ENDED]
+        # A launch still in flight has nothing billable yet; a multi-node attempt is booked
+        # instance by instance (_book_nodes).
+        return [a for a in rows if not is_multi(a)
+                and (a.instance_id or a.started_at or a.state is AttemptState.ENDED)]
 
     def _describe(self, attempts: list[Attempt]) -> dict[str, InstanceInfo]:
         ids = sorted({a.instance_id for a in attempts if a.instance_id})
@@ -97,7 +101,8 @@ class SpendLoop:
 
     def _book_attempts(self, pnow: datetime, wall: datetime, out: SpendTick) -> None:
         attempts = self._open_attempts()
-        infos = self._describe(attempts)
+        nodes = self._open_nodes()
+        infos = self._describe(attempts + [a for a, _ in nodes])
         if infos:
             # Read the clock again: an instance may have ended while describe ran, and an
             # end the provider reports must never lie past the time we book up to.
@@ -127,6 +132,37 @@ class SpendLoop:
                     m = s.get(LedgerMark, f"attempt:{att.id}")
                 if m is not None and m.closed:
                     out.attempts_closed.append(att.id)
+        for view, key in nodes:
+            out.rows_booked += self._book_one(view, infos, pnow, wall, out, mark_key=key)
+
+    def _open_nodes(self) -> list[tuple[Attempt, str]]:
+        """Launched nodes of multi-node attempts whose ledger mark is still open, each as a
+        view of its attempt (instance, pool, times) with its own mark key."""
+        q = (select(AttemptNode, Attempt).where(AttemptNode.attempt_id == Attempt.id,
+                                                AttemptNode.instance_id.is_not(None))
+             .order_by(AttemptNode.id))
+        with session(self.engine) as s:
+            rows = list(s.exec(q))
+            closed = {m.key for m in s.exec(select(LedgerMark).where(
+                LedgerMark.key.startswith("node:"), LedgerMark.closed == True))}  # noqa: E712
+        return [(node_attempt_view(n, a), node_key(n.id)) for n, a in rows
+                if node_key(n.id) not in closed]
+
+    def _book_one(self, att: Attempt, infos: dict[str, InstanceInfo], pnow: datetime,
+                  wall: datetime, out: SpendTick, *, mark_key: str) -> int:
+        with session(self.engine) as s:
+            times = instance_times(att, infos.get(att.instance_id or ""))
+            try:
+                rows = book_attempt(s, att, times, self.provider, self.rules, upto=pnow,
+                                    booked_at=wall, volume_gb=self.volume_gb,
+                                    min_step_s=self.min_book_s, mark_key=mark_key)
+                s.commit()
+            except (BookingConflict, IntegrityError, OperationalError, SpotrunError) as exc:
+                s.rollback()
+                out.errors.append(f"{mark_key}: {exc}")
+                self.log.warning("spend_booking_failed", mark=mark_key, error=str(exc))
+                return 0
+        return len(rows)
 
     # ------------------------------------------------------------ storage
 
@@ -203,8 +239,25 @@ class SpendLoop:
                 .order_by(SpendEntry.end.desc()).limit(1)).first()
             price = last.price_usd_per_hour if last is not None else a.price_usd_per_hour
             secs = max(seconds_between(since, pnow), 0.0) + self.stop_margin_s
-            total += secs / 3600.0 * price
+            total += secs / 3600.0 * price * max(a.nodes or 1, 1)   # every node bills
         return total
+
+
+def node_key(node_id: int | None) -> str:
+    """LedgerMark key of one node instance of a multi-node attempt."""
+    return f"node:{node_id}"
+
+
+def node_attempt_view(n: AttemptNode, a: Attempt) -> Attempt:
+    """A detached Attempt carrying one node's instance, pool and times (for book_attempt)."""
+    from spotrun.states import NodeState
+    return Attempt(id=a.id, job_id=a.job_id, number=a.number, market=n.market,
+                   instance_type=n.instance_type, zone=n.zone,
+                   price_usd_per_hour=n.price_usd_per_hour, client_token=n.client_token,
+                   instance_id=n.instance_id, started_at=n.launched_at, ended_at=n.ended_at,
+                   end_reason=n.end_reason, instance_cause=n.cause,
+                   state=AttemptState.ENDED if n.state is NodeState.ENDED
+                   else AttemptState.RUNNING)
 
 
 def _close_storage(s: Any, job_id: str, upto: datetime) -> None:

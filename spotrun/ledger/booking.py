@@ -106,12 +106,16 @@ def price_spans(feed: PriceFeed, att: Attempt, start: datetime, end: datetime
 
 def book_attempt(s: Session, att: Attempt, times: InstanceTimes, feed: PriceFeed,
                  rules: BillingRules, *, upto: datetime, booked_at: datetime,
-                 volume_gb: float = 0.0, min_step_s: float = 0.0) -> list[SpendEntry]:
+                 volume_gb: float = 0.0, min_step_s: float = 0.0,
+                 mark_key: str | None = None) -> list[SpendEntry]:
     """Book what is due for one attempt up to `upto` (provider clock); caller commits.
 
+    `mark_key` books one instance of a multi-node attempt on its own (att is then a view of
+    that node: its instance id, pool and times; its rows and final rules are that instance's).
     Raises BookingConflict if another booker moved the watermark meanwhile.
     """
-    key = attempt_key(att.id)
+    key = mark_key or attempt_key(att.id)
+    per_instance = att.instance_id if mark_key else None
     mark = s.get(LedgerMark, key)
     if mark is not None and mark.closed:
         return []
@@ -134,9 +138,9 @@ def book_attempt(s: Session, att: Attempt, times: InstanceTimes, feed: PriceFeed
     closed = False
     if times.end is not None:
         if booked_until > times.end:
-            rows += _reverse_after(s, att, times.end, booked_at)
+            rows += _reverse_after(s, att, times.end, booked_at, per_instance)
             booked_until = times.end
-        rows += _final_rows(s, att, times, rules, rows, booked_at)
+        rows += _final_rows(s, att, times, rules, rows, booked_at, per_instance)
         closed = True
     if not rows and not closed:
         return []
@@ -149,12 +153,13 @@ def book_attempt(s: Session, att: Attempt, times: InstanceTimes, feed: PriceFeed
 # ---------------------------------------------------------------- final rules
 
 def _final_rows(s: Session, att: Attempt, times: InstanceTimes, rules: BillingRules,
-                pending: list[SpendEntry], booked_at: datetime) -> list[SpendEntry]:
+                pending: list[SpendEntry], booked_at: datetime,
+                per_instance: str | None = None) -> list[SpendEntry]:
     assert times.start is not None and times.end is not None
     used_s = seconds_between(times.start, times.end)
     billed_s = rules.billed_seconds(used_s, market=att.market,
                                     reclaimed_by_provider=times.reclaimed_by_provider)
-    rows = _instance_rows(s, att.id) + [r for r in pending if r.kind in SpendKind.instance_kinds()]
+    rows = _instance_rows(s, att.id, per_instance) + [r for r in pending if r.kind in SpendKind.instance_kinds()]
     booked_s = sum(r.billed_seconds for r in rows)
     booked_usd = sum(r.usd for r in rows)
     if billed_s == 0.0 and abs(booked_s) > _EPS_S:
@@ -183,14 +188,16 @@ def _final_rows(s: Session, att: Attempt, times: InstanceTimes, rules: BillingRu
     return []
 
 
-def _reverse_after(s: Session, att: Attempt, cut: datetime, booked_at: datetime
-                   ) -> list[SpendEntry]:
+def _reverse_after(s: Session, att: Attempt, cut: datetime, booked_at: datetime,
+                   per_instance: str | None = None) -> list[SpendEntry]:
     """Reverse the part of booked rows that lies after the instance's real end."""
     out: list[SpendEntry] = []
     q = select(SpendEntry).where(SpendEntry.attempt_id == att.id, SpendEntry.end > cut,
                                  SpendEntry.kind.in_([SpendKind.COMPUTE.value,
                                                       SpendKind.VOLUME.value]),
                                  SpendEntry.billed_seconds > 0)
+    if per_instance:
+        q = q.where(SpendEntry.instance_id == per_instance)
     for r in s.exec(q):
         start = max(r.start, cut)
         secs = seconds_between(start, r.end)
@@ -207,9 +214,12 @@ def _reverse_after(s: Session, att: Attempt, cut: datetime, booked_at: datetime
     return out
 
 
-def _instance_rows(s: Session, attempt_id: int) -> list[SpendEntry]:
+def _instance_rows(s: Session, attempt_id: int, per_instance: str | None = None
+                   ) -> list[SpendEntry]:
     q = select(SpendEntry).where(SpendEntry.attempt_id == attempt_id,
                                  SpendEntry.kind.in_(SpendKind.instance_kinds()))
+    if per_instance:
+        q = q.where(SpendEntry.instance_id == per_instance)
     return list(s.exec(q))
 
 

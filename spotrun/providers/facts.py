@@ -37,6 +37,9 @@ class ProviderFacts:
     market_truth: Callable[[Any], Any] = lambda st: None
     doctor: Callable[[Any], list[Any]] | None = None  # cloud checks for `spotrun doctor`
     bills_cost_explorer: bool = False                 # `audit --reconcile` can ask the cloud
+    # The c10d rendezvous port of a multi-node job on its host node; 0: a free port the daemon
+    # picks (every local node shares 127.0.0.1, so a fixed port would collide across jobs).
+    rdzv_port: int = 0
 
 
 def local_trace_path(settings: Any) -> Path:
@@ -109,7 +112,8 @@ FACTS: dict[str, ProviderFacts] = {
         billed_volume_gb=lambda st: float(st.aws.volume_size_gb),
         agent_extras=lambda st: ({"imds_endpoint": st.aws.imds_endpoint}
                                  if st.aws.imds_endpoint else {}),
-        billing_rules=_aws_rules, doctor=_aws_doctor, bills_cost_explorer=True),
+        billing_rules=_aws_rules, doctor=_aws_doctor, bills_cost_explorer=True,
+        rdzv_port=29400),
 }
 
 

@@ -17,11 +17,18 @@ from spotrun.errors import CapacityError, ProviderError
 from spotrun.market.client import MarketClient, MarketRefused, ensure_market, read_live_info
 from spotrun.market.clock import SystemClock, WallClock, to_dt
 from spotrun.market.options import MarketOptions
-from spotrun.providers.base import (TAG_ATTEMPT, TAG_JOB, TAG_MANAGED, InstanceInfo, LaunchPlan,
-                                    LaunchRequest, PricePoint)
+from spotrun.providers.base import (TAG_ATTEMPT, TAG_JOB, TAG_MANAGED, TAG_NODE, InstanceInfo,
+                                    LaunchPlan, LaunchRequest, Pool, PricePoint)
 from spotrun.states import InstanceState, Market, TerminationCause
 
 T = TypeVar("T")
+LOCAL_IP = "127.0.0.1"   # every local instance is a process group on this machine
+
+
+def group_token(token: str, k: int, pool_index: int = 0) -> str:
+    """The client token of the k-th instance of a group launch (`<token>-<k>` in the first
+    pool; a later candidate pool gets its own tokens, the first pool's being spent)."""
+    return f"{token}-{k}" if pool_index == 0 else f"{token}-p{pool_index}-{k}"
 
 
 @dataclass(frozen=True)
@@ -49,7 +56,8 @@ def info_from_json(raw: dict[str, Any]) -> InstanceInfo:
         ended_at=_dt(raw.get("ended_at")),
         cause=TerminationCause(raw["cause"]) if raw.get("cause") else None,
         tags=dict(raw.get("tags") or {}), price_usd_per_hour=raw.get("price_usd_per_hour"),
-        client_token=raw.get("client_token"), notice_at=_dt(raw.get("notice_at")))
+        client_token=raw.get("client_token"), notice_at=_dt(raw.get("notice_at")),
+        private_ip=LOCAL_IP)
 
 
 class LocalProvider:
@@ -113,16 +121,31 @@ class LocalProvider:
         return to_dt(epoch + (self.wall.time() - epoch) * float(self._clock["time_scale"]))
 
     def plan_launch(self, request: LaunchRequest) -> LaunchPlan:
-        """Pure: the one POST /instances that launch() would send."""
-        tags = {**request.tags, TAG_MANAGED: "true", TAG_JOB: request.job_id,
-                TAG_ATTEMPT: str(request.attempt_number)}
-        body = {"client_token": request.client_token,
-                "candidates": [{"instance_type": p.instance_type, "zone": p.zone,
-                                "market": p.market.value} for p in request.candidates],
-                "tags": tags, "max_price_usd_per_hour": request.max_price_usd_per_hour,
-                "user_data": f"<{len(request.user_data)} bytes>"}
+        """Pure: the POST /instances that launch() would send (one per instance of a group,
+        shown for the first candidate pool; a later pool gets the same calls)."""
+        if request.count > 1:
+            return LaunchPlan(provider=self.name, request=request, calls=tuple(
+                {"method": "POST", "path": "/instances",
+                 "body": self._body(request, group_token(request.client_token, k),
+                                    request.candidates[:1], request.rank_of(k))}
+                for k in range(request.count)))
+        body = self._body(request, request.client_token, request.candidates,
+                          request.rank_of(0) if request.node_ranks != (0,) else None)
         return LaunchPlan(provider=self.name, request=request,
                           calls=({"method": "POST", "path": "/instances", "body": body},))
+
+    @staticmethod
+    def _body(request: LaunchRequest, token: str, pools: tuple[Pool, ...],
+              rank: int | None) -> dict[str, Any]:
+        tags = {**request.tags, TAG_MANAGED: "true", TAG_JOB: request.job_id,
+                TAG_ATTEMPT: str(request.attempt_number)}
+        if rank is not None:
+            tags[TAG_NODE] = str(rank)
+        return {"client_token": token,
+                "candidates": [{"instance_type": p.instance_type, "zone": p.zone,
+                                "market": p.market.value} for p in pools],
+                "tags": tags, "max_price_usd_per_hour": request.max_price_usd_per_hour,
+                "user_data": f"<{len(request.user_data)} bytes>"}
 
     def launch(self, plan: LaunchPlan) -> InstanceInfo:
         """Start the instance (idempotent by client token); CapacityError if no pool has room."""
@@ -130,11 +153,55 @@ class LocalProvider:
         try:
             raw = self._call(lambda c: c.launch(body))
         except MarketRefused as exc:
-            first = plan.request.candidates[0] if plan.request.candidates else None
-            raise CapacityError(exc.message, instance_type=first.instance_type if first else "",
-                                zone=first.zone if first else "",
-                                market=first.market.value if first else "") from None
+            raise _capacity_error(exc, plan.request.candidates) from None
         return info_from_json(raw)
+
+    def launch_group(self, plan: LaunchPlan) -> list[InstanceInfo]:
+        """`count` market launches in one pool, tokens `<token>-<k>`; all or none.
+
+        Pools are tried in order; a pool that refuses any one of them gets the ones it
+        started terminated before the next is tried, so no partial group is left running.
+        """
+        req = plan.request
+        held = self._live_group(req)
+        if held is not None:
+            return held
+        reasons: list[str] = []
+        for j, pool in enumerate(req.candidates):
+            started: list[InstanceInfo] = []
+            try:
+                for k in range(req.count):
+                    body = dict(self._body(req, group_token(req.client_token, k, j), (pool,),
+                                           req.rank_of(k)), user_data=req.user_data)
+                    info = info_from_json(self._call(lambda c: c.launch(body)))
+                    started.append(info)
+                    if info.state.is_terminal():   # a spent token from an earlier partial try
+                        raise MarketRefused({pool.key(): "the group's earlier try ended"})
+                return started
+            except MarketRefused as exc:
+                reasons.append(exc.message)
+                for info in started:
+                    self.terminate(info.instance_id)
+        raise _capacity_error(MarketRefused({"group": "; ".join(reasons)[:400]}),
+                              req.candidates)
+
+    def _live_group(self, req: LaunchRequest) -> list[InstanceInfo] | None:
+        """A retry's answer: the complete live group this token already started, if any."""
+        mine = [i for i in self.describe(job_id=req.job_id)
+                if i.client_token and i.client_token.startswith(req.client_token + "-")
+                and not i.state.is_terminal()]
+        for j in range(len(req.candidates)):
+            want = [group_token(req.client_token, k, j) for k in range(req.count)]
+            by_token = {i.client_token: i for i in mine if i.client_token in want}
+            if len(by_token) == req.count:
+                return [by_token[t] for t in want]
+        return None
+
+    def interrupt(self, instance_ids: list[str], notice_s: float = 120.0) -> None:
+        """The market's /admin/interrupt for each: notice now, the reclaim notice_s market
+        seconds later."""
+        for iid in instance_ids:
+            self._call(lambda c: c.interrupt(iid, in_s=max(float(notice_s), 0.0), notice=True))
 
     def describe(self, *, job_id: str | None = None,
                  instance_ids: list[str] | None = None) -> list[InstanceInfo]:
@@ -211,3 +278,10 @@ class LocalProvider:
         """The trace's tick in market seconds, read without a running market."""
         assert self.options is not None
         return float(self.options.load_trace().tick_s)
+
+
+def _capacity_error(exc: MarketRefused, candidates: tuple[Pool, ...]) -> CapacityError:
+    first = candidates[0] if candidates else None
+    return CapacityError(exc.message, instance_type=first.instance_type if first else "",
+                         zone=first.zone if first else "",
+                         market=first.market.value if first else "")

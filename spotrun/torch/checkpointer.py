@@ -117,7 +117,9 @@ class Checkpointer(StateMixin):
         self.mtbf_s = mtbf_s
         self.async_save = async_save
         self.clock = clock
-        self.progress = ProgressFile((progress_file or cfg.progress_file) if self.dist.is_writer else None)
+        # One progress file per node (the agent's heartbeat): written by its first local rank.
+        self.progress = ProgressFile((progress_file or cfg.progress_file)
+                                     if self.dist.is_writer or self.dist.node_writer else None)
         self.progress_interval_s = progress_interval_s
         self.buffer = SnapshotBuffer()
         self.shard_bytes = shard_bytes
@@ -212,7 +214,15 @@ class Checkpointer(StateMixin):
 
     @contextmanager
     def safe(self) -> Iterator["Checkpointer"]:
-        """`with ckpt.safe(): evaluate()`: saves during the block need not wait for a step boundary."""
+        """`with ckpt.safe(): evaluate()`: saves during the block need not wait for a step boundary.
+
+        Under torchrun a save is a collective, and only some ranks may run the block
+        (`if rank == 0: evaluate()`), so nothing is saved in or at the end of it: a notice
+        seen meanwhile is saved, by every rank, at the next `step()`.
+        """
+        if not self._record_safe:
+            yield self
+            return
         with self.guard.safe():
             yield self
 
@@ -282,7 +292,8 @@ class Checkpointer(StateMixin):
             from spotrun.torch.sharded import restore_sharded
             return self._restored(restore_sharded(self))
         partial = set(list_names(self.store)) - set(list_complete(self.store))
-        for name in self._candidates():
+        # Every rank restores what rank 0 finds: nodes list the store at different moments.
+        for name in self.dist.from_rank0(self._candidates()):
             try:
                 with network_progress(self.store, f"restoring {name}") as progress:
                     manifest, meta, data = read_checkpoint(self.store, name, progress=progress)

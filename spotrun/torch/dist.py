@@ -10,6 +10,7 @@ all-reduced so all ranks save at the same step. Sharded state goes through
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -52,6 +53,19 @@ class DistContext:
     def distributed(self) -> bool:
         """True with more than one rank."""
         return self.world_size > 1
+
+    @property
+    def node_writer(self) -> bool:
+        """The first local rank of a node (torchrun's LOCAL_RANK 0) writes that node's progress."""
+        return self.distributed and os.environ.get("LOCAL_RANK", "0") == "0"
+
+    def from_rank0(self, obj: Any) -> Any:
+        """Rank 0's value of obj on every rank (a collective under torchrun)."""
+        if not self.distributed:
+            return obj
+        box = [obj]
+        tdist.broadcast_object_list(box, src=0)
+        return box[0]
 
     @property
     def is_writer(self) -> bool:

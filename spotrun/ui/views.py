@@ -15,8 +15,9 @@ from sqlalchemy import func
 from sqlmodel import Session, select
 
 from spotrun import layout
-from spotrun.db import Attempt, Event, Job, SpendEntry, attempts_of, find_job, iter_jobs, \
-    open_settings_db, session
+from spotrun.daemon.nodes import is_multi, node_view
+from spotrun.db import Attempt, AttemptNode, Event, Job, SpendEntry, attempts_of, find_job, \
+    iter_jobs, nodes_of, open_settings_db, session
 from spotrun.daemon.savefail import save_warnings
 from spotrun.errors import NotFoundError
 from spotrun.reports import ExitReport, Heartbeat, parse_report
@@ -88,11 +89,29 @@ def _job(s: Session, ref: str) -> Job:
     return job
 
 
+def attempt_nodes(a: Attempt, nodes: list[AttemptNode] | None) -> list[dict[str, Any]]:
+    """An attempt's instances as nodes: its AttemptNode rows, or its one instance as rank 0."""
+    if nodes:
+        return [node_view(n) for n in nodes]
+    if a.instance_id is None:
+        return []
+    return [{"node_rank": 0, "instance_id": a.instance_id, "zone": a.zone,
+             "state": a.state.value, "launched_at": a.started_at.isoformat()
+             if a.started_at else None,
+             "ended_at": a.ended_at.isoformat() if a.ended_at else None,
+             "end_reason": a.end_reason.value if a.end_reason else None}]
+
+
 def job_dict(job: Job, attempts: list[Attempt], *, reports: Reports | None = None,
-             spend_usd: float | None = None, clock: dict | None = None) -> dict[str, Any]:
+             spend_usd: float | None = None, clock: dict | None = None,
+             nodes: dict[int, list[AttemptNode]] | None = None) -> dict[str, Any]:
     """The `status --json` view of one job (the brief's contract plus progress)."""
     atts = []
+    instance_ids: list[str] = []
     for a in attempts:
+        node_list = attempt_nodes(a, (nodes or {}).get(a.id or -1))
+        instance_ids += [n["instance_id"] for n in node_list
+                         if n["instance_id"] and n["instance_id"] not in instance_ids]
         reported = reports.final_step(job, a) if reports is not None and a.started_at else None
         ran_to = max(a.last_step, reported or 0)
         atts.append({
@@ -110,6 +129,8 @@ def job_dict(job: Job, attempts: list[Attempt], *, reports: Reports | None = Non
             "detail": a.detail if a.state.is_terminal() else None,
             "checkpoint_failures": a.checkpoint_failures,
             "checkpoint_error": a.checkpoint_error,
+            "nodes_wanted": a.nodes, "nodes_min": a.nodes_min,
+            "nodes": node_list,       # every instance of the attempt (multi-node: per rank)
         })
     budget = job.budget_usd
     return {
@@ -127,6 +148,7 @@ def job_dict(job: Job, attempts: list[Attempt], *, reports: Reports | None = Non
         "checkpoint_uri": job.checkpoint_uri,
         "clock": clock or {},
         "attempts": atts,
+        "instance_ids": instance_ids,   # every instance the job ever ran on, in launch order
         "warnings": save_warnings(attempts),   # failed checkpoint saves, one line per attempt
     }
 
@@ -159,8 +181,10 @@ def status_view(settings: Any, ref: str | None = None, *, events: bool = False,
         spend = spend_by_job(s)
         data = []
         for j in jobs:
-            d = job_dict(j, attempts_of(s, j.id), reports=reports, spend_usd=spend.get(j.id, 0.0),
-                         clock=clock)
+            atts = attempts_of(s, j.id)
+            d = job_dict(j, atts, reports=reports, spend_usd=spend.get(j.id, 0.0),
+                         clock=clock, nodes={a.id: nodes_of(s, a.id) for a in atts
+                                             if is_multi(a)})
             dl = d["deadline_at_market"]
             if dl is not None and not j.state.is_terminal():
                 now = now or provider_now(settings)   # reads the market's clock: only if needed

@@ -1,0 +1,109 @@
+"""Multi-node agents with real torchrun (2 nodes x 1 gloo process on 127.0.0.1), no daemon:
+the test writes nodes.json as the daemon would and kills instances as a reclaim does."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from spotrun import layout
+
+from multinode_helpers import Cluster, free_port
+from polling import wait_for
+
+pytestmark = pytest.mark.slow
+
+STEPS = 24
+HOLD_AT = 12   # every rank waits at step 12 (checkpoints at 5 and 10 are in) until released
+
+
+@pytest.fixture
+def clusters(tmp_path: Path):
+    """Make Clusters; every process they started is killed at the end."""
+    made: list[Cluster] = []
+
+    def make(name: str, **kw) -> Cluster:
+        c = Cluster(tmp_path / name, f"job-{name}", steps=STEPS, **kw)
+        made.append(c)
+        return c
+
+    yield make
+    for c in made:
+        c.close()
+
+
+@pytest.fixture(scope="module")
+def baseline(tmp_path_factory) -> str:
+    """Final weights of an uninterrupted 2-node run through two agents."""
+    c = Cluster(tmp_path_factory.mktemp("mn") / "base", "job-base", steps=STEPS)
+    try:
+        c.start("i-0a")
+        c.start("i-0b")
+        c.write_nodes({0: "i-0a", 1: "i-0b"}, endpoint=f"127.0.0.1:{free_port()}", host_rank=0)
+        for iid in ("i-0a", "i-0b"):
+            assert c.wait_exit(iid)["reason"] == "completed", c.stderr(iid)
+            beat = c.report(layout.node_heartbeat_key, iid)
+            assert beat and beat["instance_id"] == iid and beat["node_rank"] in (0, 1)
+        assert not (c.store_dir / layout.exit_key(c.job_id, 1)).exists()   # per node only
+        assert "start step 0" in c.output("i-0a") and "start step 0" in c.output("i-0b")
+        return c.final_sha()
+    finally:
+        c.close()
+
+
+def _held(c: Cluster) -> bool:
+    return all((c.root / "hold" / f"held-{r}").exists() for r in (0, 1))
+
+
+def _endpoint(c: Cluster) -> str:
+    """The endpoint of the newest nodes.json."""
+    return json.loads((c.store_dir / layout.nodes_key(c.job_id, 1)).read_text())["rdzv_endpoint"]
+
+
+def _run_with_a_loss(make, lost_rank: int) -> tuple[Cluster, str]:
+    """Two nodes train to HOLD_AT; node `lost_rank` vanishes; a third instance replaces it."""
+    c = make(f"loss{lost_rank}", args=f"--hold-at {HOLD_AT} --hold-dir {{root}}/hold")
+    (c.root / "hold").mkdir()
+    ranks = {0: "i-0a", 1: "i-0b"}
+    c.start("i-0a")
+    c.start("i-0b")
+    c.write_nodes(ranks, endpoint=f"127.0.0.1:{free_port()}", host_rank=0)
+    wait_for(lambda: _held(c), 120, "both ranks to reach the hold")
+    lost, survivor = ranks.pop(lost_rank), ranks[1 - lost_rank]
+    survivor_pid = c.agents[survivor].pid
+    c.kill(lost)
+    (c.root / "hold" / "release").write_text("")
+    # The daemon's two writes: the loss (the host's loss moves the rendezvous to the
+    # survivor, on a new port), then the replacement once it is launched.
+    host_rank = 1 - lost_rank if lost_rank == 0 else 0
+    endpoint = f"127.0.0.1:{free_port()}" if lost_rank == 0 else _endpoint(c)
+    c.write_nodes(ranks, endpoint=endpoint, host_rank=host_rank)
+    c.start("i-0c")
+    c.write_nodes({**ranks, lost_rank: "i-0c"}, endpoint=endpoint, host_rank=host_rank)
+    for iid in (survivor, "i-0c"):
+        body = c.wait_exit(iid)
+        assert body["reason"] == "completed" and body["exit_code"] == 0, c.stderr(iid)
+    assert c.agents[survivor].pid == survivor_pid and c.agents[survivor].returncode == 0
+    assert c.report(layout.node_exit_key, lost) is None
+    return c, survivor
+
+
+def test_a_lost_node_is_replaced_and_the_survivor_keeps_its_agent_and_torchrun(clusters,
+                                                                              baseline):
+    c, survivor = _run_with_a_loss(clusters, lost_rank=1)
+    # torchrun re-ran the rendezvous itself: the survivor's agent never restarted its command.
+    assert c.report(layout.node_exit_key, survivor)["command_restarts"] == 0
+    out = c.output(survivor)
+    assert "start step 0" in out and "start step 10" in out, out[-3000:]
+    assert "start step 10" in c.output("i-0c")
+    assert c.final_sha() == baseline
+
+
+def test_a_lost_rendezvous_host_moves_the_rendezvous_and_the_survivor_restarts_its_command(
+        clusters, baseline):
+    c, survivor = _run_with_a_loss(clusters, lost_rank=0)
+    assert c.report(layout.node_exit_key, survivor)["command_restarts"] == 1
+    assert "start step 10" in c.output(survivor) and "start step 10" in c.output("i-0c")
+    assert c.final_sha() == baseline
