@@ -63,7 +63,7 @@ def test_activations_grow_sublinearly_above_7b() -> None:
         70 + 7 * 10 ** 0.7)
 
 
-def test_two_nodes_price_and_speed_in_the_ranking(: None) -> None:
+def test_two_nodes_price_and_speed_in_the_ranking() -> None:
     ranking = _rank(BIG)
     assert ranking.candidates, [r.to_dict() for r in ranking.rejected]
     cat = load_catalog()

@@ -9,7 +9,7 @@ $0.023 per GB-month, PUT-class requests $0.005 per 1,000; EBS gp3 $0.08 per GB-m
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from enum import Enum
 
 from spotrun.errors import ConfigError
