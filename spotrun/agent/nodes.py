@@ -106,6 +106,8 @@ def node_env(membership: Membership, instance_id: str, user_env: Mapping[str, st
         "SPOTRUN_RDZV_ENDPOINT": membership.rdzv_endpoint,
         "SPOTRUN_RDZV_ID": membership.rdzv_id,
         "SPOTRUN_INSTANCE_ID": instance_id,
+        # For a command line that passes --rdzv-conf itself (then PET_RDZV_CONF is not read).
+        "SPOTRUN_RDZV_IS_HOST": "1" if rank == membership.rdzv_host_rank else "0",
         # A survivor that stays rank 0 must publish a fresh MASTER_ADDR/PORT for the new round.
         "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": user_env.get("TORCH_DISABLE_SHARE_RDZV_TCP_STORE",
                                                            "1"),

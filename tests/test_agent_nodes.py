@@ -1,0 +1,153 @@
+"""The agent's multi-node mode with a torch-free command: membership, env, restarts, removal."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from spotrun import layout
+from spotrun.agent.config import AgentConfig
+from spotrun.agent.nodes import Membership, is_multi_node, node_env, rdzv_change_wait_s
+from spotrun.bundle import make_bundle
+from spotrun.market import imds as imds_mod
+from spotrun.store import open_store
+
+import agent_helpers
+from polling import wait_for
+
+NODES = {"version": 3, "nnodes": 2, "nnodes_min": 1, "rdzv_id": "job-1",
+         "rdzv_endpoint": "127.0.0.1:41234", "rdzv_host_rank": 0,
+         "nodes": [{"rank": 0, "instance_id": "i-0a", "host": "127.0.0.1"},
+                   {"rank": 1, "instance_id": "i-0b", "host": "127.0.0.1"}]}
+
+
+def test_membership_gives_rank_nnodes_and_the_host_flag():
+    m = Membership.parse(NODES)
+    assert m is not None and m.rank_of("i-0b") == 1 and m.rank_of("i-0z") is None
+    assert m.nnodes_text() == "1:2"          # torchrun's elastic syntax
+    env = node_env(m, "i-0b", {})
+    assert env["SPOTRUN_NNODES"] == "1:2" and env["SPOTRUN_NODE_RANK"] == "1"
+    assert env["SPOTRUN_RDZV_ENDPOINT"] == "127.0.0.1:41234" and env["SPOTRUN_RDZV_ID"] == "job-1"
+    assert env["PET_RDZV_CONF"] == "is_host=0" and env["SPOTRUN_RDZV_IS_HOST"] == "0"
+    assert env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] == "1" and env["PET_MAX_RESTARTS"] == "100"
+    assert node_env(m, "i-0a", {})["PET_RDZV_CONF"] == "is_host=1"
+
+
+def test_the_users_torchrun_settings_win_and_is_host_joins_their_rendezvous_config():
+    m = Membership.parse(NODES)
+    assert m is not None
+    env = node_env(m, "i-0a", {"PET_MAX_RESTARTS": "3", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "0",
+                               "PET_RDZV_CONF": "join_timeout=60"})
+    assert env["PET_MAX_RESTARTS"] == "3" and env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] == "0"
+    assert env["PET_RDZV_CONF"] == "join_timeout=60,is_host=1"
+    mine = node_env(m, "i-0a", {"PET_RDZV_CONF": "is_host=0,join_timeout=60"})
+    assert mine["PET_RDZV_CONF"] == "is_host=0,join_timeout=60"
+
+
+@pytest.mark.parametrize("raw", [None, {}, {"nnodes": 2}, {**NODES, "nodes": [{"rank": "x"}]}])
+def test_a_malformed_membership_is_none(raw):
+    assert Membership.parse(raw) is None
+
+
+def test_single_node_configs_are_not_multi_node():
+    base = dict(job_id="j", attempt=1, store_uri="file:///x", checkpoint_uri="file:///y",
+                command="true")
+    assert not is_multi_node(AgentConfig(**base))
+    assert is_multi_node(AgentConfig(**base, nodes=2))
+    assert is_multi_node(AgentConfig(**base, nodes=2, nodes_min=1))
+    assert rdzv_change_wait_s(AgentConfig(**base)) >= 30.0
+    assert AgentConfig.from_json(AgentConfig(**base, nodes=4, nodes_min=2).to_json()).nodes_min == 2
+
+
+# ------------------------------------------------------------------ real agent processes
+
+@pytest.fixture
+def node(tmp_path: Path):
+    """One multi-node agent (instance i-0a, its own IMDS) on a file:// store; cleaned up."""
+    store_dir = tmp_path / "store"
+    work = tmp_path / "code"
+    work.mkdir()
+    (work / "train.py").write_text(agent_helpers.WORKLOAD)
+    make_bundle(work, tmp_path / "b.tar.gz")
+    store = open_store(store_dir.as_uri())
+    store.put_file(layout.bundle_key("job-test"), tmp_path / "b.tar.gz")
+    server = imds_mod.ImdsServer("i-0a").start()
+    procs = []
+
+    def write(version: int, endpoint: str, ids: tuple[str, ...] = ("i-0a", "i-0b")) -> None:
+        body = {**NODES, "version": version, "rdzv_id": "job-test", "rdzv_endpoint": endpoint,
+                "nodes": [{"rank": r, "instance_id": i, "host": "127.0.0.1"}
+                          for r, i in enumerate(ids)]}
+        store.put_bytes(layout.nodes_key("job-test", 1), json.dumps(body).encode())
+
+    def start(**overrides):
+        cfg = agent_helpers.make_config(store_dir, "http://127.0.0.1:9", nodes=2, **overrides)
+        proc, stderr = agent_helpers.start_agent(tmp_path, cfg, env={
+            "SPOTRUN_IMDS_ENDPOINT": server.url})
+        procs.append(proc)
+        return proc
+
+    def report(kind: str) -> dict | None:
+        fn = {"heartbeat": layout.node_heartbeat_key, "exit": layout.node_exit_key}[kind]
+        return agent_helpers.read_json(store_dir / fn("job-test", 1, "i-0a"))
+
+    def output() -> str:
+        prefix = store_dir / layout.node_log_prefix("job-test", 1, "i-0a")
+        return "".join(p.read_text() for p in sorted(prefix.glob("*.log")))
+
+    yield SimpleNamespace(write=write, start=start, report=report, output=output)
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    server.stop()
+
+
+def _envs(out: str) -> list[dict]:
+    return [json.loads(line[4:]) for line in out.splitlines() if line.startswith("ENV ")]
+
+
+def test_an_agent_waits_for_its_listing_then_gets_the_node_env(node):
+    proc = node.start(total_steps=5)
+    wait_for(lambda: (node.report("heartbeat") or {}).get("phase") == "waiting", 30,
+             "the agent to wait for nodes.json")
+    node.write(1, "127.0.0.1:41001")
+    assert proc.wait(timeout=60) == 0
+    done = node.report("exit")
+    assert done["reason"] == "completed" and done["node_rank"] == 0, done
+    (env,) = _envs(node.output())
+    assert env["SPOTRUN_NODE_RANK"] == "0" and env["SPOTRUN_NNODES"] == "1:2"
+    assert env["SPOTRUN_RDZV_ENDPOINT"] == "127.0.0.1:41001" and env["SPOTRUN_INSTANCE_ID"] == "i-0a"
+
+
+def test_an_endpoint_change_restarts_the_command_not_the_agent(node):
+    node.write(1, "127.0.0.1:41001")
+    proc = node.start(total_steps=100000, env={"WORKLOAD_STEP_S": "0.01"}, stop_grace_s=2.0)
+    wait_for(lambda: _envs(node.output()), 60, "the first start")
+    node.write(2, "127.0.0.1:41002")   # the host was lost: the rendezvous moved
+    wait_for(lambda: len(_envs(node.output())) == 2, 60, "the restart")
+    assert proc.poll() is None
+    assert [e["SPOTRUN_RDZV_ENDPOINT"] for e in _envs(node.output())] == \
+        ["127.0.0.1:41001", "127.0.0.1:41002"]
+    wait_for(lambda: (node.report("heartbeat") or {}).get("command_restarts") == 1, 30, "a beat")
+    node.write(3, "127.0.0.1:41002", ids=("i-0b",))   # removed from the job: stop
+    proc.wait(timeout=60)
+    assert node.report("exit")["reason"] == "removed"
+
+
+def test_a_failed_command_waits_for_a_rewrite_of_the_membership(node):
+    node.write(1, "127.0.0.1:41001")
+    cmd = (f'[ "$SPOTRUN_RDZV_ENDPOINT" = 127.0.0.1:41002 ] && exit 0; '
+           f'{sys.executable} -c "import sys; sys.exit(3)"')
+    proc = node.start(command=cmd)
+    wait_for(lambda: (node.report("heartbeat") or {}).get("phase") == "waiting", 60,
+             "the failed command to wait for the daemon")
+    assert node.report("exit") is None
+    node.write(2, "127.0.0.1:41002")
+    assert proc.wait(timeout=60) == 0
+    done = node.report("exit")
+    assert done["reason"] == "completed" and done["command_restarts"] == 1, done
