@@ -151,3 +151,15 @@ def test_a_failed_command_waits_for_a_rewrite_of_the_membership(node):
     assert proc.wait(timeout=60) == 0
     done = node.report("exit")
     assert done["reason"] == "completed" and done["command_restarts"] == 1, done
+
+
+def test_the_worked_example_runs_the_documented_command_on_the_tested_script():
+    import yaml
+    repo = Path(__file__).resolve().parents[1]
+    path = repo / "configs" / "jobs" / "multinode" / "multinode-gloo.yaml"
+    spec = yaml.safe_load(path.read_text())
+    from multinode_helpers import JOB_SCRIPT, TORCHRUN
+    assert spec["command"].startswith(TORCHRUN.replace(" train.py", " multinode_gloo.py"))
+    assert (path.parent / spec["workdir"] / "multinode_gloo.py").resolve() == JOB_SCRIPT.resolve()
+    assert spec["resources"]["nodes"] == 2 and spec["outputs"] == ["final-params.sha256"]
+    assert "## Multi-node" in (repo / "docs" / "job-spec.md").read_text()
