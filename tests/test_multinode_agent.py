@@ -55,7 +55,7 @@ def baseline(tmp_path_factory) -> str:
 
 
 def _held(c: Cluster) -> bool:
-    return all((c.root / "hold" / f"held-{r}").exists() for r in (0, 1))
+    return all((c.root / "hold" / f"held-{HOLD_AT}-{r}").exists() for r in (0, 1))
 
 
 def _endpoint(c: Cluster) -> str:
@@ -75,7 +75,7 @@ def _run_with_a_loss(make, lost_rank: int) -> tuple[Cluster, str]:
     lost, survivor = ranks.pop(lost_rank), ranks[1 - lost_rank]
     survivor_pid = c.agents[survivor].pid
     c.kill(lost)
-    (c.root / "hold" / "release").write_text("")
+    (c.root / "hold" / f"release-{HOLD_AT}").write_text("")
     # The daemon's two writes: the loss (the host's loss moves the rendezvous to the
     # survivor, on a new port), then the replacement once it is launched.
     host_rank = 1 - lost_rank if lost_rank == 0 else 0
@@ -117,3 +117,41 @@ def test_a_lost_rendezvous_host_moves_the_rendezvous_and_the_survivor_restarts_i
     assert starts[0] == 0 and 0 < starts[-1] <= HOLD_AT, c.output(survivor)[-3000:]
     assert _resumed_at(c.output("i-0c"))[-1] == starts[-1]
     assert c.final_sha() == baseline
+
+
+def _held_in(c: Cluster, step: int, rank: int) -> str | None:
+    """The world size rank `rank` saw while held at `step`, or None."""
+    try:
+        return (c.root / "hold" / f"held-{step}-{rank}").read_text().strip()
+    except OSError:
+        return None
+
+
+def test_an_elastic_job_trains_on_the_survivor_alone_and_grows_back_when_the_replacement_comes(
+        clusters):
+    alone_at = 18
+    c = clusters("elastic", nodes_min=1,
+                 args=f"--hold-at {HOLD_AT},{alone_at} --hold-dir {{root}}/hold")
+    (c.root / "hold").mkdir()
+    c.start("i-0a")
+    c.start("i-0b")
+    endpoint = f"127.0.0.1:{free_port()}"
+    c.write_nodes({0: "i-0a", 1: "i-0b"}, endpoint=endpoint, host_rank=0)
+    wait_for(lambda: _held(c), 120, "both ranks to reach the hold")
+    survivor_pid = c.agents["i-0a"].pid
+    c.kill("i-0b")
+    c.write_nodes({0: "i-0a"}, endpoint=endpoint, host_rank=0)   # the replacement is pending
+    (c.root / "hold" / f"release-{HOLD_AT}").write_text("")
+    wait_for(lambda: _held_in(c, alone_at, 0) == "1", 120, "the survivor to train on alone")
+    c.start("i-0c")
+    c.write_nodes({0: "i-0a", 1: "i-0c"}, endpoint=endpoint, host_rank=0)
+    wait_for(lambda: _held_in(c, alone_at, 0) == "2" and _held_in(c, alone_at, 1) == "2", 120,
+             "the job to grow back to two nodes")
+    (c.root / "hold" / f"release-{alone_at}").write_text("")
+    for iid in ("i-0a", "i-0c"):
+        body = c.wait_exit(iid)
+        assert body["reason"] == "completed" and body["exit_code"] == 0, c.stderr(iid)
+    assert c.agents["i-0a"].pid == survivor_pid and body["command_restarts"] == 0
+    assert c.report(layout.node_exit_key, "i-0a")["command_restarts"] == 0
+    worlds = re.findall(r"rank \d+/(\d+) node", c.output("i-0a"))
+    assert worlds[0] == "2" and "1" in worlds and worlds[-1] == "2", worlds

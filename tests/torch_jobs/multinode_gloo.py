@@ -10,8 +10,9 @@ size. Global rank 0 prints `final-params-sha256: <hex>` and writes it to
         --rdzv-endpoint=$SPOTRUN_RDZV_ENDPOINT --rdzv-id=$SPOTRUN_RDZV_ID \\
         multinode_gloo.py --steps 40
 
-Test hooks: --hold-at N stops every rank at step N inside `ckpt.safe()` (an
-evaluation that lasts as long as the test wants) until HOLD_DIR/release exists.
+Test hooks: --hold-at N[,M...] stops every rank at step N inside `ckpt.safe()` (an
+evaluation that lasts as long as the test wants), each rank leaving HOLD_DIR/held-N-<rank>,
+until HOLD_DIR/release-N exists.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--sharded", action="store_true", help="torch.distributed.checkpoint layout")
     p.add_argument("--timeout-s", type=float, default=60.0, help="gloo collective timeout")
     p.add_argument("--out", default=None, help="folder for final-params.sha256 (default: cwd)")
-    p.add_argument("--hold-at", type=int, default=0)
+    p.add_argument("--hold-at", default="", help="steps to hold at, comma-separated")
     p.add_argument("--hold-dir", default=None)
     return p.parse_args(argv)
 
@@ -81,13 +82,14 @@ def main(argv: list[str] | None = None) -> int:
             return float(((model.module(x) - y) ** 2).mean())
 
     pause = threading.Event()
+    holds = {int(h) for h in args.hold_at.split(",") if h.strip()}
     while step < args.steps:
-        release = Path(args.hold_dir or ".", "release")
-        if args.hold_at and step == args.hold_at and not release.exists():
+        release = Path(args.hold_dir or ".", f"release-{step}")
+        if step in holds and not release.exists():
             ckpt.wait()   # the last checkpoint is whole before the test acts
             with ckpt.safe():
                 evaluate()
-                Path(args.hold_dir, f"held-{rank}").write_text(str(step))
+                Path(args.hold_dir, f"held-{step}-{rank}").write_text(f"{world}\n")
                 while not release.exists():
                     evaluate()
                     pause.wait(0.02)
