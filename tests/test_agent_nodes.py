@@ -92,14 +92,15 @@ def node(tmp_path: Path):
         return proc
 
     def report(kind: str) -> dict | None:
-        fn = {"heartbeat": layout.node_heartbeat_key, "exit": layout.node_exit_key}[kind]
+        fn = {"heartbeat": layout.node_heartbeat_key, "exit": layout.node_exit_key,
+              "notice": layout.node_notice_key}[kind]
         return agent_helpers.read_json(store_dir / fn("job-test", 1, "i-0a"))
 
     def output() -> str:
         prefix = store_dir / layout.node_log_prefix("job-test", 1, "i-0a")
         return "".join(p.read_text() for p in sorted(prefix.glob("*.log")))
 
-    yield SimpleNamespace(write=write, start=start, report=report, output=output)
+    yield SimpleNamespace(write=write, start=start, report=report, output=output, imds=server)
     for p in procs:
         if p.poll() is None:
             p.kill()
@@ -163,3 +164,19 @@ def test_the_worked_example_runs_the_documented_command_on_the_tested_script():
     assert (path.parent / spec["workdir"] / "multinode_gloo.py").resolve() == JOB_SCRIPT.resolve()
     assert spec["resources"]["nodes"] == 2 and spec["outputs"] == ["final-params.sha256"]
     assert "## Multi-node" in (repo / "docs" / "job-spec.md").read_text()
+
+
+def test_a_notice_is_reported_per_node_and_reaches_the_command_as_a_file(node, tmp_path):
+    node.write(1, "127.0.0.1:41001")
+    proc = node.start(total_steps=100000, env={"WORKLOAD_STEP_S": "0.01"})
+    wait_for(lambda: _envs(node.output()), 60, "the command to start")
+    node.imds.arm_notice()
+    notice = wait_for(lambda: node.report("notice"), 30, "the per-node notice report")
+    assert notice["action"] == "terminate"
+    body = wait_for(lambda: agent_helpers.read_json(
+        tmp_path / "agent-instance" / "spotrun-agent" / "notice.json"), 30, "the notice file")
+    assert body["action"] == "terminate"
+    assert not (tmp_path / "store" / layout.notice_key("job-test", 1)).exists()
+    proc.terminate()
+    proc.wait(timeout=60)
+    assert node.report("exit")["reason"] == "signal"
