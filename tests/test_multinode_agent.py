@@ -10,6 +10,8 @@ from pathlib import Path
 import pytest
 
 from spotrun import layout
+from spotrun.checkpoints import checkpoint_name, read_manifest
+from spotrun.store import open_store
 
 from multinode_helpers import Cluster, free_port
 from polling import wait_for
@@ -155,3 +157,25 @@ def test_an_elastic_job_trains_on_the_survivor_alone_and_grows_back_when_the_rep
     assert c.report(layout.node_exit_key, "i-0a")["command_restarts"] == 0
     worlds = re.findall(r"rank \d+/(\d+) node", c.output("i-0a"))
     assert worlds[0] == "2" and "1" in worlds and worlds[-1] == "2", worlds
+
+
+def test_a_notice_on_one_node_checkpoints_every_rank_of_the_job_at_one_step(clusters, baseline):
+    c = clusters("notice", args=f"--hold-at {HOLD_AT} --hold-dir {{root}}/hold",
+                 checkpoint_keep=10)
+    (c.root / "hold").mkdir()
+    c.start("i-0a")
+    c.start("i-0b")
+    c.write_nodes({0: "i-0a", 1: "i-0b"}, endpoint=f"127.0.0.1:{free_port()}", host_rank=0)
+    wait_for(lambda: _held(c), 120, "both ranks to reach the hold")
+    c.imds["i-0b"].arm_notice()            # the notice reaches node 1 only
+    wait_for(lambda: c.report(layout.node_notice_key, "i-0b"), 30, "node 1's notice report")
+    (c.root / "hold" / f"release-{HOLD_AT}").write_text("")
+    for iid in ("i-0a", "i-0b"):
+        assert c.wait_exit(iid)["reason"] == "completed", c.stderr(iid)
+    # Node 1's agent saw the save in its own node's progress file: every rank saved step 13.
+    notice = c.report(layout.node_notice_key, "i-0b")
+    assert notice["emergency_checkpoint_step"] == HOLD_AT + 1, notice
+    assert c.report(layout.node_notice_key, "i-0a") is None
+    store = open_store(c.ckpt_uri)
+    assert read_manifest(store, checkpoint_name(HOLD_AT + 1)).step == HOLD_AT + 1
+    assert c.final_sha() == baseline
