@@ -180,3 +180,16 @@ def test_a_notice_is_reported_per_node_and_reaches_the_command_as_a_file(node, t
     proc.terminate()
     proc.wait(timeout=60)
     assert node.report("exit")["reason"] == "signal"
+
+
+def test_checkpoint_and_stop_also_asks_through_the_notice_file(node, tmp_path):
+    node.write(1, "127.0.0.1:41001")
+    proc = node.start(total_steps=100000, env={"WORKLOAD_STEP_S": "0.01"}, stop_grace_s=2.0)
+    wait_for(lambda: _envs(node.output()), 60, "the command to start")
+    store = open_store((tmp_path / "store").as_uri())
+    store.put_bytes(layout.control_key("job-test"), json.dumps(
+        {"checkpoint_and_stop": True, "reason": "budget", "attempts": [1]}).encode())
+    proc.wait(timeout=60)
+    assert node.report("exit")["reason"] == "budget"
+    body = agent_helpers.read_json(tmp_path / "agent-instance" / "spotrun-agent" / "notice.json")
+    assert body is not None and body["action"] == "stop"   # torchrun's workers read this
