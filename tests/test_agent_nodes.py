@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+from datetime import datetime
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -78,16 +79,18 @@ def node(tmp_path: Path):
     server = imds_mod.ImdsServer("i-0a").start()
     procs = []
 
-    def write(version: int, endpoint: str, ids: tuple[str, ...] = ("i-0a", "i-0b")) -> None:
+    def write(version: int, endpoint: str, ids: tuple[str, ...] = ("i-0a", "i-0b"),
+              nnodes_min: int = 1) -> None:
         body = {**NODES, "version": version, "rdzv_id": "job-test", "rdzv_endpoint": endpoint,
+                "nnodes_min": nnodes_min,
                 "nodes": [{"rank": r, "instance_id": i, "host": "127.0.0.1"}
                           for r, i in enumerate(ids)]}
         store.put_bytes(layout.nodes_key("job-test", 1), json.dumps(body).encode())
 
-    def start(**overrides):
+    def start(agent_env: dict[str, str] | None = None, **overrides):
         cfg = agent_helpers.make_config(store_dir, "http://127.0.0.1:9", nodes=2, **overrides)
         proc, stderr = agent_helpers.start_agent(tmp_path, cfg, env={
-            "SPOTRUN_IMDS_ENDPOINT": server.url})
+            "SPOTRUN_IMDS_ENDPOINT": server.url, **(agent_env or {})})
         procs.append(proc)
         return proc
 
@@ -193,3 +196,37 @@ def test_checkpoint_and_stop_also_asks_through_the_notice_file(node, tmp_path):
     assert node.report("exit")["reason"] == "budget"
     body = agent_helpers.read_json(tmp_path / "agent-instance" / "spotrun-agent" / "notice.json")
     assert body is not None and body["action"] == "stop"   # torchrun's workers read this
+
+
+def _failing_until(endpoint: str) -> str:
+    return (f'[ "$SPOTRUN_RDZV_ENDPOINT" = {endpoint} ] && exit 0; '
+            f'{sys.executable} -c "import sys; sys.exit(3)"')
+
+
+def test_a_failed_command_gives_up_after_the_wait_when_no_rewrite_comes(node):
+    node.write(1, "127.0.0.1:41001")
+    proc = node.start(command=_failing_until("127.0.0.1:41002"),
+                      agent_env={"SPOTRUN_RDZV_CHANGE_WAIT_S": "0.5"})
+    assert proc.wait(timeout=60) == 3
+    assert node.report("exit")["reason"] == "error"
+
+
+def _ts(text: str) -> float:
+    return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+
+
+def test_a_failed_command_keeps_waiting_while_nodes_are_missing(node):
+    # Only this node is listed, of a minimum of two (the other's replacement is pending):
+    # the wait goes on past SPOTRUN_RDZV_CHANGE_WAIT_S until the listing is whole again.
+    node.write(1, "127.0.0.1:41001", ids=("i-0a",), nnodes_min=2)
+    proc = node.start(command=_failing_until("127.0.0.1:41002"),
+                      agent_env={"SPOTRUN_RDZV_CHANGE_WAIT_S": "0.5"})
+    first = wait_for(lambda: (node.report("heartbeat") or {}).get("phase") == "waiting"
+                     and node.report("heartbeat")["ts"], 60, "the wait")
+    wait_for(lambda: _ts(node.report("heartbeat")["ts"]) - _ts(first) > 2.0, 60,
+             "the agent to wait well past its 0.5 s")
+    assert proc.poll() is None and node.report("exit") is None
+    node.write(2, "127.0.0.1:41002", nnodes_min=2)   # the replacement is listed, the host moved
+    assert proc.wait(timeout=60) == 0
+    done = node.report("exit")
+    assert done["reason"] == "completed" and done["command_restarts"] == 1, done
