@@ -57,7 +57,7 @@ def baseline(tmp_path_factory) -> str:
 
 
 def _held(c: Cluster) -> bool:
-    return all((c.root / "hold" / f"held-{HOLD_AT}-{r}").exists() for r in (0, 1))
+    return all((c.root / "hold" / f"held-{r}").exists() for r in (0, 1))
 
 
 def _endpoint(c: Cluster) -> str:
@@ -77,7 +77,7 @@ def _run_with_a_loss(make, lost_rank: int) -> tuple[Cluster, str]:
     lost, survivor = ranks.pop(lost_rank), ranks[1 - lost_rank]
     survivor_pid = c.agents[survivor].pid
     c.kill(lost)
-    (c.root / "hold" / f"release-{HOLD_AT}").write_text("")
+    (c.root / "hold" / "release").write_text("")
     # The daemon's two writes: the loss (the host's loss moves the rendezvous to the
     # survivor, on a new port), then the replacement once it is launched.
     host_rank = 1 - lost_rank if lost_rank == 0 else 0
@@ -133,7 +133,7 @@ def test_an_elastic_job_trains_on_the_survivor_alone_and_grows_back_when_the_rep
         clusters):
     alone_at = 18
     c = clusters("elastic", nodes_min=1,
-                 args=f"--hold-at {HOLD_AT},{alone_at} --hold-dir {{root}}/hold")
+                 args=f"--hold-at {HOLD_AT} --hold-also {alone_at} --hold-dir {{root}}/hold")
     (c.root / "hold").mkdir()
     c.start("i-0a")
     c.start("i-0b")
@@ -143,7 +143,7 @@ def test_an_elastic_job_trains_on_the_survivor_alone_and_grows_back_when_the_rep
     survivor_pid = c.agents["i-0a"].pid
     c.kill("i-0b")
     c.write_nodes({0: "i-0a"}, endpoint=endpoint, host_rank=0)   # the replacement is pending
-    (c.root / "hold" / f"release-{HOLD_AT}").write_text("")
+    (c.root / "hold" / "release").write_text("")
     wait_for(lambda: _held_in(c, alone_at, 0) == "1", 120, "the survivor to train on alone")
     c.start("i-0c")
     c.write_nodes({0: "i-0a", 1: "i-0c"}, endpoint=endpoint, host_rank=0)
@@ -169,7 +169,7 @@ def test_a_notice_on_one_node_checkpoints_every_rank_of_the_job_at_one_step(clus
     wait_for(lambda: _held(c), 120, "both ranks to reach the hold")
     c.imds["i-0b"].arm_notice()            # the notice reaches node 1 only
     wait_for(lambda: c.report(layout.node_notice_key, "i-0b"), 30, "node 1's notice report")
-    (c.root / "hold" / f"release-{HOLD_AT}").write_text("")
+    (c.root / "hold" / "release").write_text("")
     for iid in ("i-0a", "i-0b"):
         assert c.wait_exit(iid)["reason"] == "completed", c.stderr(iid)
     # Node 1's agent saw the save in its own node's progress file: every rank saved step 13.

@@ -56,12 +56,12 @@ def test_a_notice_on_one_node_during_evaluation_saves_every_rank_at_the_next_ste
                 "SPOTRUN_NOTICE_FILE": str(d / "notice.json"),
                 "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
                 "PET_RDZV_CONF": f"is_host={1 - node}"}, d, args, tmp_path / f"node{node}.log"))
-        wait_for(lambda: all((hold / f"held-7-{r}").exists() for r in (0, 1)), 120,
+        wait_for(lambda: all((hold / f"held-{r}").exists() for r in (0, 1)), 120,
                  "both ranks to be in the evaluation at step 7")
         # The notice reaches node 1 only, as a file (its workers never see the agent's signal).
         (tmp_path / "node1" / "notice.json").write_text(json.dumps(
             {"action": "terminate", "time": None, "terminate_at_unix_s": None}))
-        (hold / "release-7").write_text("")
+        (hold / "release").write_text("")
         for p in procs:
             p.wait(timeout=120)
     finally:
