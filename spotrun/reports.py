@@ -77,9 +77,16 @@ class ExitReport:
     command_restarts: Int = None
 
 
+NODE_ONLY = ("instance_id", "node_rank", "command_restarts")
+
+
 def dump(report: Any) -> dict[str, Any]:
-    """The JSON-able body of a report."""
-    return asdict(report)
+    """The JSON-able body of a report (a single-node agent's keys are as they always were)."""
+    body = asdict(report)
+    for key in NODE_ONLY:
+        if body.get(key, 0) is None:
+            del body[key]
+    return body
 
 
 def parse_report(raw: bytes, cls: type[R]) -> R | None:

@@ -17,7 +17,7 @@ from spotrun import layout
 from spotrun.db import Attempt, AttemptNode, Event, Job, attempts_of, nodes_of, session
 
 NODE_STANDIN = r'''
-import json, os, sys, threading, time
+import datetime, json, os, sys, threading, time
 from pathlib import Path
 from spotrun import layout
 from spotrun.store import open_store
@@ -45,7 +45,8 @@ while True:
         pause.wait(0.1)   # alive but silent: the daemon must call it lost
         continue
     store.put_bytes(layout.node_heartbeat_key(job, att, iid), json.dumps(
-        {"ts": time.time(), "step": step, "phase": "running", "total_steps": 1000,
+        {"ts": datetime.datetime.now(datetime.timezone.utc).isoformat(), "step": step,
+         "phase": "running", "total_steps": 1000,
          "nodes_version": doc.get("version"), "last_checkpoint_step": None}).encode())
     hang = get("jobs/%s/test-finish-hang" % job) is not None
     if listed and (hang or get("jobs/%s/test-finish" % job) is not None):
