@@ -25,8 +25,11 @@ JOB_SCRIPT = Path(__file__).parent / "torch_jobs" / "multinode_gloo.py"
 TORCHRUN = ("torchrun --nnodes=$SPOTRUN_NNODES --nproc-per-node=$SPOTRUN_GPUS "
             "--rdzv-backend=c10d --rdzv-endpoint=$SPOTRUN_RDZV_ENDPOINT "
             "--rdzv-id=$SPOTRUN_RDZV_ID train.py")
-# Dead peers leave the rendezvous after 2 s instead of 15 s (is_host is the agent's to add).
-JOB_ENV = {"PET_RDZV_CONF": "keep_alive_interval=1,keep_alive_max_attempt=2,join_timeout=120",
+# Dead peers leave the rendezvous after 5 s instead of 15 s (is_host is the agent's to add);
+# a shorter expiry (1 x 2) drops LIVE nodes too: keep-alives are sent only every ~2 intervals.
+# An elastic round starts 1 s (not 30 s) after it has its minimum.
+JOB_ENV = {"PET_RDZV_CONF": "keep_alive_interval=1,keep_alive_max_attempt=5,join_timeout=120,"
+                            "last_call_timeout=1",
            "OMP_NUM_THREADS": "1"}
 
 
@@ -74,7 +77,8 @@ class Cluster:
     def write_nodes(self, ranks: dict[int, str], *, endpoint: str, host_rank: int) -> None:
         """nodes.json as the daemon writes it (version + 1 each time)."""
         self.version += 1
-        body = {"version": self.version, "nnodes": self.nodes, "nnodes_min": self.nodes,
+        body = {"version": self.version, "nnodes": self.nodes,
+                "nnodes_min": self.config.nodes_min or self.nodes,
                 "rdzv_id": self.job_id, "rdzv_endpoint": endpoint, "rdzv_host_rank": host_rank,
                 "nodes": [{"rank": r, "instance_id": i, "host": "127.0.0.1"}
                           for r, i in sorted(ranks.items())]}

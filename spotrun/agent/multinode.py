@@ -8,7 +8,8 @@ restarts its command when what the command was started with changed: the
 endpoint (the rendezvous host was lost), whether this node hosts the store, or
 the node count. A command that fails is given `rdzv_change_wait_s` for such a
 rewrite (a survivor's torchrun may notice a lost host before the daemon does)
-before the failure counts.
+before the failure counts - longer while nodes.json lists fewer than the minimum
+of nodes (a replacement on its way), up to `deadman_timeout_s`.
 """
 
 from __future__ import annotations
@@ -150,8 +151,11 @@ class MultiNode:
             return True
         assert self.instance_id is not None and self.membership is not None
         seen_version = self.seen.version if self.seen else self.membership.version
-        wait_s = rdzv_change_wait_s(self.config)
+        wait_s = rdzv_change_wait_s(self.config, self.environ)
         deadline = self.clock.monotonic() + wait_s
+        # While nodes are missing (a replacement is being launched, maybe for longer than
+        # torchrun's join_timeout) the wait goes on, up to the dead-man bound.
+        longest = self.clock.monotonic() + self.config.deadman_timeout_s
         log.warning("command_failed_waiting_for_rendezvous", returncode=returncode,
                     wait_s=wait_s)
         next_beat = 0.0
@@ -171,6 +175,8 @@ class MultiNode:
                         self.membership.launch_key(self.instance_id):
                     self.restart_to = found
                     return True
+                if len(found.ranks) < found.nnodes_min:
+                    deadline = min(longest, max(deadline, self.clock.monotonic() + wait_s))
             next_beat = self._idle(next_beat)
         return False
 

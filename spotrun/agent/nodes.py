@@ -27,6 +27,7 @@ from spotrun.agent.config import AgentConfig
 MARKER_ENV = "SPOTRUN_AGENT_CHILD"   # unique per command start: finds its processes
 RDZV_WAIT_MIN_S = 30.0               # a failed node waits this long for the daemon's rewrite
 RDZV_WAIT_BEATS = 5
+RDZV_WAIT_ENV = "SPOTRUN_RDZV_CHANGE_WAIT_S"   # the agent's own env (tests): seconds
 
 
 @dataclass(frozen=True)
@@ -76,8 +77,14 @@ def is_multi_node(config: AgentConfig) -> bool:
     return config.nodes > 1 or config.nodes_min is not None
 
 
-def rdzv_change_wait_s(config: AgentConfig) -> float:
+def rdzv_change_wait_s(config: AgentConfig, environ: Mapping[str, str] | None = None) -> float:
     """How long a non-zero exit waits for a rewrite of nodes.json before it counts as a failure."""
+    raw = (environ or {}).get(RDZV_WAIT_ENV)
+    try:
+        if raw and float(raw) > 0:
+            return float(raw)
+    except ValueError:
+        pass
     return max(RDZV_WAIT_MIN_S, RDZV_WAIT_BEATS * config.heartbeat_interval_s)
 
 
@@ -106,6 +113,8 @@ def node_env(membership: Membership, instance_id: str, user_env: Mapping[str, st
         "SPOTRUN_RDZV_ENDPOINT": membership.rdzv_endpoint,
         "SPOTRUN_RDZV_ID": membership.rdzv_id,
         "SPOTRUN_INSTANCE_ID": instance_id,
+        # For a command line that passes --rdzv-conf itself (then PET_RDZV_CONF is not read).
+        "SPOTRUN_RDZV_IS_HOST": "1" if rank == membership.rdzv_host_rank else "0",
         # A survivor that stays rank 0 must publish a fresh MASTER_ADDR/PORT for the new round.
         "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": user_env.get("TORCH_DISABLE_SHARE_RDZV_TCP_STORE",
                                                            "1"),

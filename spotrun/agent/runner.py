@@ -18,7 +18,7 @@ import structlog
 
 from spotrun import layout
 from spotrun.agent.child import (child_env, exit_code_of, notice_path, record_notice,
-                                 signal_group, spawn)
+                                 signal_group)
 from spotrun.checkpoints import checkpoint_step
 from spotrun.agent.clock import Clock, SystemClock, iso
 from spotrun.agent.config import AgentConfig

@@ -239,8 +239,11 @@ class Checkpointer(StateMixin):
                     log.warning("%s save: abandoning the in-flight persist", kind)
                     self.persister.abandon()
                 self._collect()
-            if step == self.last_checkpoint_step and (not live or self._saved_step == step):
-                release()   # that exact state is in the store already
+            already = step == self.last_checkpoint_step and (not live or self._saved_step == step)
+            if self.dist.distributed:   # only the writer knows last_checkpoint_step
+                already = self._saved_step == step
+            if already:
+                release()   # that exact state is in the store already (or on its way)
                 return
             if live:
                 self.save(step, wait=True)
@@ -354,8 +357,14 @@ class Checkpointer(StateMixin):
             self._rate_mark = (step, now)
         self._remember(step)
         kind = self.guard.step_finished(step)
-        urgent, last, due = self.dist.any_flags(kind == EMERGENCY, kind == LAST,
-                                                self._due(step) and not self.guard.busy)
+        # Under torchrun a save is a collective: a persist still in flight on the writer
+        # defers the periodic save on every rank, not on the writer alone.
+        urgent, last, due, busy = self.dist.any_flags(
+            kind == EMERGENCY, kind == LAST, self._due(step) and not self.guard.busy,
+            self.dist.distributed and self.persister.busy)
+        if due and busy:
+            self.deferred += 1
+            due = False
         saved = False
         if urgent or last:
             self._boundary = (threading.get_ident(), step)

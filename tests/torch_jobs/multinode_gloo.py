@@ -11,7 +11,9 @@ size. Global rank 0 prints `final-params-sha256: <hex>` and writes it to
         multinode_gloo.py --steps 40
 
 Test hooks: --hold-at N stops every rank at step N inside `ckpt.safe()` (an
-evaluation that lasts as long as the test wants) until HOLD_DIR/release exists.
+evaluation that lasts as long as the test wants), each rank leaving HOLD_DIR/held-<rank>
+(holding the world size), until HOLD_DIR/release exists; --hold-also M[,K] holds again at
+M with HOLD_DIR/held-M-<rank> and HOLD_DIR/release-M.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--timeout-s", type=float, default=60.0, help="gloo collective timeout")
     p.add_argument("--out", default=None, help="folder for final-params.sha256 (default: cwd)")
     p.add_argument("--hold-at", type=int, default=0)
+    p.add_argument("--hold-also", default="", help="more steps to hold at, comma-separated")
     p.add_argument("--hold-dir", default=None)
     return p.parse_args(argv)
 
@@ -81,16 +84,23 @@ def main(argv: list[str] | None = None) -> int:
             return float(((model.module(x) - y) ** 2).mean())
 
     pause = threading.Event()
+
+    def hold(marker: Path, release: Path) -> None:
+        ckpt.wait()   # the last checkpoint is whole before the test acts
+        with ckpt.safe():
+            evaluate()
+            marker.write_text(f"{world}\n")
+            while not release.exists():
+                evaluate()
+                pause.wait(0.02)
+
+    also = {int(h) for h in args.hold_also.split(",") if h.strip()}
     while step < args.steps:
         release = Path(args.hold_dir or ".", "release")
         if args.hold_at and step == args.hold_at and not release.exists():
-            ckpt.wait()   # the last checkpoint is whole before the test acts
-            with ckpt.safe():
-                evaluate()
-                Path(args.hold_dir, f"held-{rank}").write_text(str(step))
-                while not release.exists():
-                    evaluate()
-                    pause.wait(0.02)
+            hold(Path(args.hold_dir, f"held-{rank}"), release)
+        elif step in also and not Path(args.hold_dir, f"release-{step}").exists():
+            hold(Path(args.hold_dir, f"held-{step}-{rank}"), Path(args.hold_dir, f"release-{step}"))
         x, y = batch(step)
         loss = ((model(x) - y) ** 2).mean()
         opt.zero_grad(set_to_none=True)
