@@ -160,7 +160,7 @@ def test_a_failed_command_waits_for_a_rewrite_of_the_membership(node):
 def test_the_worked_example_runs_the_documented_command_on_the_tested_script():
     import yaml
     repo = Path(__file__).resolve().parents[1]
-    path = repo / "configs" / "jobs" / "multinode" / "multinode-gloo.yaml"
+    path = repo / "configs" / "jobs" / "multinode-gloo.yaml"
     spec = yaml.safe_load(path.read_text())
     from multinode_helpers import JOB_SCRIPT, TORCHRUN
     assert spec["command"].startswith(TORCHRUN.replace(" train.py", " multinode_gloo.py"))
