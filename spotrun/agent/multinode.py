@@ -99,17 +99,21 @@ class MultiNode:
         self._pause.wait(self.config.control_poll_interval_s)
         return next_beat
 
+    def _stopped(self: "Agent") -> bool:
+        """A signal or a control request ends a wait (stop_reason says which)."""
+        if self._signal_flag:
+            self.stop_reason = "signal"
+            return True
+        self._poll_control()
+        return self.stop_reason is not None
+
     def await_listing(self: "Agent") -> bool:
         """Wait until nodes.json lists this instance; False when stopped or never listed."""
         deadline = self.clock.monotonic() + self.config.deadman_timeout_s
         next_beat = 0.0
         logged = False
         while True:
-            if self._signal_flag:
-                self.stop_reason = "signal"
-                return False
-            self._poll_control()
-            if self.stop_reason is not None:
+            if self._stopped():
                 return False
             found = self.read_membership()
             if found is not None and found.rank_of(self.instance_id or "") is not None:
@@ -160,11 +164,7 @@ class MultiNode:
                     wait_s=wait_s)
         next_beat = 0.0
         while self.clock.monotonic() < deadline:
-            if self._signal_flag:
-                self.stop_reason = "signal"
-                return False
-            self._poll_control()
-            if self.stop_reason is not None:
+            if self._stopped():
                 return False
             found = self.read_membership()
             if found is not None:
