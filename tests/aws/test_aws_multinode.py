@@ -2,8 +2,8 @@
 (terminated with Server.SpotInstanceTermination), one replacement launch with its own client
 token, and the ledger books three instances, each on its own.
 
-The ledger side books one Attempt row per instance here (SpendEntry.instance_id is what
-tells instances apart); the daemon's per-node rows (AttemptNode, mn-daemon) book the same way.
+The ledger side books the attempt as the daemon records it: one multi-node Attempt with an
+AttemptNode row per instance (replacements included), each booked on its own mark.
 """
 
 from __future__ import annotations
@@ -16,9 +16,10 @@ from sqlmodel import select
 from polling import wait_for
 from spotrun.aws_clients import make_client
 from spotrun.daemon.spend import SpendLoop
-from spotrun.db import Attempt, Job, SpendEntry, open_db, session
+from spotrun.db import Attempt, AttemptNode, Job, SpendEntry, open_db, session
 from spotrun.providers.base import TAG_NODE, LaunchRequest, Pool
-from spotrun.states import AttemptState, InstanceState, JobState, Market, TerminationCause
+from spotrun.states import (AttemptState, InstanceState, JobState, Market, NodeState,
+                            TerminationCause)
 
 from .test_aws_provider import agent_json
 
@@ -38,14 +39,21 @@ def _book(tmp_path, moto, provider, infos) -> list[SpendEntry]:
         s.add(Job(id=JOB, name=JOB, state=JobState.SUCCEEDED, spec_json=json.dumps({}),
                   store_uri="s3://mn-bucket/x", checkpoint_uri="s3://mn-bucket/x/c"))
         s.flush()
+        first = min(infos, key=lambda i: i.launched_at)
+        att = Attempt(job_id=JOB, number=1, market=first.market,
+                      instance_type=first.instance_type, zone=first.zone,
+                      price_usd_per_hour=first.price_usd_per_hour or 0.43,
+                      client_token="mn-att1", started_at=first.launched_at,
+                      state=AttemptState.RUNNING, nodes=2)
+        s.add(att)
+        s.flush()
         for info in infos:
-            s.add(Attempt(job_id=JOB, number=1, market=info.market,
-                          instance_type=info.instance_type, zone=info.zone,
-                          price_usd_per_hour=info.price_usd_per_hour or 0.43,
-                          client_token=f"{info.client_token}-{info.tags[TAG_NODE]}-"
-                                       f"{info.instance_id}",
-                          instance_id=info.instance_id, started_at=info.launched_at,
-                          state=AttemptState.RUNNING))
+            s.add(AttemptNode(attempt_id=att.id, job_id=JOB, node_rank=int(info.tags[TAG_NODE]),
+                              state=NodeState.RUNNING, client_token=f"tok-{info.instance_id}",
+                              instance_id=info.instance_id, market=info.market,
+                              instance_type=info.instance_type, zone=info.zone,
+                              price_usd_per_hour=info.price_usd_per_hour or 0.43,
+                              launched_at=info.launched_at))
         s.commit()
     tick = SpendLoop(eng, provider, min_book_s=0.0).tick()
     assert not tick.errors, tick.errors
