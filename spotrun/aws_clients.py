@@ -104,10 +104,3 @@ def make_client(service: str, *, region: str, endpoint_url: str = "",
     session = boto3.session.Session()
     return use_retries(session.client(service, region_name=region,
                                       endpoint_url=endpoint_url or None, config=cfg), policy)
-
-
-def clients_from_settings(settings: Any, *services: str) -> dict[str, Any]:
-    """{service: client} for the given services, from Settings (region, aws.endpoint_url)."""
-    policy = RetryPolicy.from_settings(settings.aws)
-    return {s: make_client(s, region=settings.region, endpoint_url=settings.aws.endpoint_url,
-                           retry=policy) for s in services}

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import tomllib
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -193,11 +193,6 @@ def _check_provider(name: str) -> None:
     if name not in PROVIDERS:
         raise ConfigError(f"unknown provider; allowed: {', '.join(PROVIDERS)}",
                           field="provider", value=name)
-
-
-def with_overrides(settings: Settings, **changes: Any) -> Settings:
-    """A copy of settings with top-level fields replaced."""
-    return replace(settings, **changes)
 
 
 def _set_dotted(raw: dict[str, Any], key: str, value: Any) -> None:

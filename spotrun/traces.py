@@ -9,7 +9,6 @@ the zone's next row. Used by the local market and by `spotrun simulate`.
 
 from __future__ import annotations
 
-import bisect
 import csv
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -67,15 +66,6 @@ class PriceBook:
 
     points: dict[str, tuple[list[int], list[float]]] = field(default_factory=dict)
     default_usd_per_hour: float | None = None
-
-    def price_at(self, pool: str, tick: int) -> float | None:
-        """The price in effect at tick (the last change point at or before it)."""
-        series = self.points.get(pool) or self.points.get(_zone_of(pool))
-        if not series:
-            return self.default_usd_per_hour
-        ticks, prices = series
-        i = bisect.bisect_right(ticks, tick) - 1
-        return prices[max(i, 0)]
 
     def matrix(self, trace: Trace) -> np.ndarray:
         """Float [n_ticks, n_pools] of prices in effect (NaN where unknown)."""

@@ -182,11 +182,3 @@ def signal_group(proc: subprocess.Popen, sig: int) -> bool:
 def exit_code_of(returncode: int) -> int:
     """A shell-style exit code: 128+N for a process killed by signal N."""
     return 128 - returncode if returncode < 0 else returncode
-
-
-def signal_name(sig: int) -> str:
-    """SIGTERM etc., for logs."""
-    try:
-        return signal.Signals(sig).name
-    except ValueError:
-        return str(sig)

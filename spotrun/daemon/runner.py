@@ -90,11 +90,6 @@ class Runner:
             self._scheduler = None
             self.log.info("daemon_stopped")
 
-    @property
-    def stopped(self) -> bool:
-        """True once stop was asked for."""
-        return self._stop.is_set()
-
     def serve_forever(self) -> None:
         """Start, then block until SIGTERM/SIGINT; SIGHUP sets reload_requested."""
         stop_flag = threading.Event()

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Iterable
 
 from spotrun.errors import BadInputError
@@ -62,8 +62,3 @@ def split_at_prices(start: datetime, end: datetime,
 def seconds_between(a: datetime, b: datetime) -> float:
     """b - a in seconds."""
     return (b - a).total_seconds()
-
-
-def plus_seconds(t: datetime, s: float) -> datetime:
-    """t + s seconds."""
-    return t + timedelta(seconds=s)

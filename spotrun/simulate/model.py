@@ -45,11 +45,6 @@ class SimModel:
         """Pools the job may use."""
         return self.history.pools
 
-    @property
-    def slack_ticks(self) -> int:
-        """Ticks to spare for an on-demand run launched at the start."""
-        return self.deadline_ticks - self.work_ticks - self.changeover_ticks
-
     def on_demand_cost_usd(self) -> float:
         """Cost of launching on-demand at the start and staying: the baseline."""
         return (self.work_ticks + self.changeover_ticks) * self.tick_h * \
