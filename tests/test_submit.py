@@ -61,3 +61,18 @@ def test_dry_run_of_a_two_node_job_plans_one_group_in_one_pool(tmp_path, monkeyp
     assert len({json.dumps(b["candidates"]) for b in bodies}) == 1
     assert len(bodies[0]["candidates"]) == 1
     assert not (tmp_path / "home").exists()
+
+
+def test_dry_run_table_of_a_two_node_job_shows_nodes_and_totals_at_80_columns(tmp_path,
+                                                                            monkeypatch):
+    monkeypatch.setenv("SPOTRUN_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("COLUMNS", "80")
+    spec = tmp_path / "job.yaml"
+    spec.write_text("name: mn\ncommand: x\nresources: {nodes: 2}\npolicy: {market: spot}\n")
+    result = CliRunner().invoke(cli, ["submit", "--dry-run", str(spec)])
+    assert result.exit_code == 0, result.output
+    first = next(line for line in result.output.splitlines() if line.startswith("│ 1 "))
+    cells = [c.strip() for c in first.strip("│").split("│")]
+    per_node = float(cells[5].split(" x2 = ")[0])
+    assert cells[4] == "2x1/1" and float(cells[5].split(" = ")[1]) == round(per_node * 2, 2)
+    assert "…" not in result.output    # whole cells; what does not fit is a dropped column

@@ -6,9 +6,9 @@ import json
 from typing import Any
 
 from rich.console import Console
-from rich.table import Table
 
 from spotrun.catalog import load_catalog
+from spotrun.cli.tables import Column, print_table
 from spotrun.decide.from_settings import decide_for_cli, live_market
 from spotrun.config import Settings
 from spotrun.jobs import Submission
@@ -50,16 +50,24 @@ def print_plan(plan: dict[str, Any]) -> None:
     console.print(f"[bold]dry run[/bold]: {plan['name']} (would be {plan['job_id']}); "
                   f"checkpoints to {plan['checkpoint_uri']}; prices: {plan['prices']['source']}; "
                   f"nothing was written")
-    t = Table(title="launch candidates, in the order the first launch tries them")
-    for col in ("#", "type", "zone", "market", "GPUs", "$/h", "$/ref-h", "exp. h", "exp. $"):
-        t.add_column(col)
+    rows = []
     for i, c in enumerate(plan["candidates"], 1):
-        t.add_row(str(i), c["instance_type"], c["zone"], c["market"],
-                  f"{c['gpus_used']}/{c['node_gpus']}", f"{c['price_usd_per_hour']:.3f}",
-                  f"{c['usd_per_reference_hour']:.3f}",
-                  "-" if c["expected_hours"] is None else f"{c['expected_hours']:.1f}",
-                  "-" if c["expected_usd"] is None else f"{c['expected_usd']:.2f}")
-    console.print(t)
+        nodes = c.get("nodes") or 1
+        per_node = f"{c['price_usd_per_hour']:.3f}"
+        rows.append({
+            "n": str(i), "type": c["instance_type"], "zone": c["zone"], "market": c["market"],
+            # GPUs used / the node's GPUs, per node; N nodes price as N instances.
+            "gpus": (f"{nodes}x" if nodes > 1 else "") + f"{c['gpus_used']}/{c['node_gpus']}",
+            "price": per_node if nodes == 1 else
+            f"{per_node} x{nodes} = {c['price_usd_per_hour'] * nodes:.2f}",
+            "ref": f"{c['usd_per_reference_hour']:.3f}",
+            "hours": "-" if c["expected_hours"] is None else f"{c['expected_hours']:.1f}",
+            "usd": "-" if c["expected_usd"] is None else f"{c['expected_usd']:.2f}"})
+    print_table(console, "launch candidates, in the order the first launch tries them", [
+        Column("n", "#"), Column("type", "type"), Column("zone", "zone"),
+        Column("market", "market"), Column("gpus", "GPUs"), Column("price", "$/h"),
+        Column("ref", "$/ref-h", 2), Column("hours", "exp. h", 3), Column("usd", "exp. $", 1)],
+        rows)
     for w in plan.get("warnings") or []:
         console.print(f"[yellow]warning:[/yellow] {w}")
     if plan["launch"]:
