@@ -27,7 +27,7 @@ from spotrun.daemon.context import DaemonContext
 from spotrun.daemon.nodes import (latest_per_rank, live_nodes, members_of, min_nodes,
                                   record_launched, replacement_token, request_for,
                                   sync_membership, terminate_nodes)
-from spotrun.daemon.reconcile import LIVE, ReconcileLoop, end_reason_of
+from spotrun.daemon.reconcile import LIVE, ReconcileLoop, attempt_running, end_reason_of
 from spotrun.db import Attempt, AttemptNode, Job, add_event, nodes_of, session
 from spotrun.errors import CapacityError, ObjectNotFound, ProviderError, StoreError
 from spotrun.daemon.heartbeats import apply_beat
@@ -35,8 +35,8 @@ from spotrun.progress import attempt_reported, job_reached
 from spotrun.reports import ExitReport, Heartbeat, Notice, parse_report, read_report
 from spotrun.providers.base import InstanceInfo, Pool
 from spotrun.spec import spec_from_dict
-from spotrun.states import (AttemptState, EndReason, InstanceState, JobState, NodeState,
-                            move_attempt, move_job, move_node)
+from spotrun.states import (AttemptState, EndReason, InstanceState, NodeState, move_attempt,
+                            move_node)
 
 # A node lost for these reasons is replaced; the others end the attempt as they would one node.
 REPLACEABLE = (EndReason.RECLAIMED, EndReason.LOST, EndReason.DEADMAN)
@@ -215,22 +215,9 @@ class NodeLoop:
         if a.state is AttemptState.LAUNCHING:
             running = [n for n in live if n.state is NodeState.RUNNING]
             if len(running) >= min_nodes(a):
-                self._running(a, running)
+                attempt_running(self.ctx, a.id, f"{len(running)} node(s): "
+                                f"{', '.join(n.instance_id or '' for n in running)}", now)
         self._replace_lost(j, a, nodes)
-
-    def _running(self, a: Attempt, running: list[AttemptNode]) -> None:
-        with session(self.ctx.engine) as s:
-            row = s.get(Attempt, a.id)
-            move_attempt(row, AttemptState.RUNNING)
-            s.add(row)
-            job = s.get(Job, row.job_id)
-            if job.state in (JobState.STARTING, JobState.QUEUED, JobState.RECOVERING):
-                move_job(job, JobState.RUNNING)
-                s.add(job)
-            add_event(s, row.job_id, "running", f"attempt {row.number} on {len(running)} "
-                      f"node(s): {', '.join(n.instance_id or '' for n in running)}",
-                      attempt_id=row.id)
-            s.commit()
 
     def _replace_lost(self, job: Job, a: Attempt, nodes: list[AttemptNode]) -> None:
         latest = latest_per_rank(nodes)

@@ -67,18 +67,7 @@ class ReconcileLoop:
         self._settle_jobs(now)
 
     def _running(self, att: Attempt, info: InstanceInfo, now: datetime) -> None:
-        with session(self.ctx.engine) as s:
-            a = s.get(Attempt, att.id)
-            move_attempt(a, AttemptState.RUNNING)
-            s.add(a)
-            job = s.get(Job, a.job_id)
-            if job.state in (JobState.STARTING, JobState.QUEUED, JobState.RECOVERING):
-                move_job(job, JobState.RUNNING)
-                job.updated_at = now
-                s.add(job)
-            add_event(s, a.job_id, "running", f"attempt {a.number} on {info.instance_id}",
-                      attempt_id=a.id)
-            s.commit()
+        attempt_running(self.ctx, att.id, info.instance_id, now)
 
     def _exit_report(self, job: Job, att: Attempt) -> ExitReport | None:
         """The agent's exit.json; None if there is none; StoreError if it cannot be read."""
@@ -269,6 +258,21 @@ def budget_stop_request(attempts: list[int]) -> bytes:
     """
     return json.dumps({"checkpoint_and_stop": True, "reason": "budget",
                        "attempts": sorted(attempts)}).encode()
+
+
+def attempt_running(ctx: DaemonContext, attempt_id: int | None, on: str, now: datetime) -> None:
+    """The attempt's instance(s) are up: attempt and job move to running (`on` names them)."""
+    with session(ctx.engine) as s:
+        a = s.get(Attempt, attempt_id)
+        move_attempt(a, AttemptState.RUNNING)
+        s.add(a)
+        job = s.get(Job, a.job_id)
+        if job.state in (JobState.STARTING, JobState.QUEUED, JobState.RECOVERING):
+            move_job(job, JobState.RUNNING)
+            job.updated_at = now
+            s.add(job)
+        add_event(s, a.job_id, "running", f"attempt {a.number} on {on}", attempt_id=a.id)
+        s.commit()
 
 
 def end_reason_of(report: ExitReport | None, info: InstanceInfo, att: Attempt,
