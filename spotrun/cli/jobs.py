@@ -8,7 +8,6 @@ from typing import Any
 
 import click
 from rich.console import Console
-from rich.progress import BarColumn, DownloadColumn, Progress, TransferSpeedColumn
 from rich.table import Table
 
 from spotrun import layout
@@ -17,6 +16,7 @@ from spotrun.db import Attempt, Job, attempts_of, find_job, session
 from spotrun.errors import NotFoundError
 from spotrun.jobs import request_cancel, resume_job, submit as submit_job, validate_submission
 from spotrun.store import open_store
+from spotrun.store.progress import transfer_bar
 
 
 @click.command()
@@ -44,8 +44,7 @@ def submit(spec_file: str, dry_run: bool, as_json: bool) -> None:
     engine = open_state_db(settings)
     console = Console(stderr=True)
     if sub.spec.workdir and console.is_terminal and not as_json:
-        with Progress("[progress.description]{task.description}", BarColumn(), DownloadColumn(),
-                      TransferSpeedColumn(), console=console, transient=True) as bar:
+        with transfer_bar(console) as bar:
             task = bar.add_task("uploading code bundle", total=None)
             job = submit_job(sub, engine,
                              progress=lambda done, total: bar.update(task, completed=done,

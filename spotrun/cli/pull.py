@@ -87,9 +87,8 @@ def _pull_with_progress(store: ObjectStore, job_id: str, dest: Path, *,
     console = Console(stderr=True)
     if not show or not console.is_terminal:
         return pull_outputs(store, job_id, dest)
-    from rich.progress import BarColumn, DownloadColumn, Progress, TransferSpeedColumn
-    with Progress("[progress.description]{task.description}", BarColumn(), DownloadColumn(),
-                  TransferSpeedColumn(), console=console, transient=True) as bar:
+    from spotrun.store.progress import transfer_bar
+    with transfer_bar(console) as bar:
         tasks: dict[str, Any] = {}
 
         def on_bytes(rel: str, done: int, total: int) -> None:

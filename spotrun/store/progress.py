@@ -20,6 +20,13 @@ AFTER_S = 2.0    # a transfer shorter than this shows nothing
 EVERY_S = 5.0    # off a terminal: at most one progress line this often
 
 
+def transfer_bar(console: Any) -> Any:
+    """The rich bar every transfer shows on a terminal: name, bar, bytes, speed; gone when done."""
+    from rich.progress import BarColumn, DownloadColumn, Progress, TransferSpeedColumn
+    return Progress("[progress.description]{task.description}", BarColumn(), DownloadColumn(),
+                    TransferSpeedColumn(), console=console, transient=True)
+
+
 class TransferProgress:
     """A ProgressFn `(bytes_done, bytes_total)` for one transfer; use it as a context manager."""
 
@@ -59,10 +66,7 @@ class TransferProgress:
 
     def _draw(self, done: int, total: int) -> None:
         if self._bar is None:
-            from rich.progress import BarColumn, DownloadColumn, Progress, TransferSpeedColumn
-            self._bar = Progress("[progress.description]{task.description}", BarColumn(),
-                                 DownloadColumn(), TransferSpeedColumn(), console=self._console,
-                                 transient=True)
+            self._bar = transfer_bar(self._console)
             self._bar.start()
             self._task = self._bar.add_task(self.what, total=total or None)
         self._bar.update(self._task, completed=done, total=total or None)
