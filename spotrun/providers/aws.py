@@ -359,14 +359,6 @@ class AwsProvider(GroupActs):
                 return
             raise _provider_error(exc, "terminate_instances") from None
 
-    # The multi-node acts live in aws_group.GroupActs; named here so a stub cannot shadow them.
-    def launch_group(self, plan: LaunchPlan) -> list[InstanceInfo]:
-        """One instant EC2 Fleet per candidate pool for all nodes (aws_group.GroupActs)."""
-        return GroupActs.launch_group(self, plan)
-
-    def interrupt(self, instance_ids: list[str], notice_s: float = 120.0) -> None:
-        """A spot interruption through FIS, notice first (aws_group.GroupActs)."""
-        GroupActs.interrupt(self, instance_ids, notice_s)
 
 
 def _as_utc(ts: datetime) -> datetime:
