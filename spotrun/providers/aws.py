@@ -360,7 +360,6 @@ class AwsProvider(GroupActs):
             raise _provider_error(exc, "terminate_instances") from None
 
 
-
 def _as_utc(ts: datetime) -> datetime:
     return ts.replace(tzinfo=timezone.utc) if ts.tzinfo is None else ts.astimezone(timezone.utc)
 
