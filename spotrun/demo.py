@@ -75,7 +75,7 @@ def prepare_home(home: Path, *, time_scale: float, start_tick: int) -> Settings:
 
 def stop_market(home: Path) -> None:
     """Stop the demo's market (and so its instances), if one runs."""
-    from spotrun.market.client import stop_market as _stop
+    from spotrun.providers.local.market.client import stop_market as _stop
     _stop(home / "market")
 
 

@@ -11,13 +11,13 @@ from pathlib import Path
 from typing import Any
 
 from spotrun.agent.config import AgentConfig
-from spotrun.market import imds
+from spotrun.providers.local.market import imds
 
 
 
 def ImdsServer() -> "imds.ImdsServer":
     """An IMDSv2 on 127.0.0.1 for one agent: the project's one implementation
-    (spotrun.market.imds.ImdsServer, the protocol the market serves). A test arms the
+    (spotrun.providers.local.market.imds.ImdsServer, the protocol the market serves). A test arms the
     spot notice or the rebalance hint; counters tell how the client behaved."""
     return imds.ImdsServer("i-0agenttest")
 

@@ -10,10 +10,10 @@ from typing import Any, Callable, Iterator
 
 import pytest
 
-from spotrun.market import procs
-from spotrun.market.client import MarketClient, ensure_market, read_live_info, stop_market
-from spotrun.market.options import MarketOptions
-from spotrun.market.state import DB_FILE, MarketState
+from spotrun.providers.local.market import procs
+from spotrun.providers.local.market.client import MarketClient, ensure_market, read_live_info, stop_market
+from spotrun.providers.local.market.options import MarketOptions
+from spotrun.providers.local.market.state import DB_FILE, MarketState
 
 # An instance workload for tests: records its env, starts the helpers it is told to,
 # and runs until ./stop appears in its cwd (the instance's disk).

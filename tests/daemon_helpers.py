@@ -21,8 +21,8 @@ from sqlmodel import select
 from spotrun.config import load_settings
 from spotrun.db import Attempt, Job, LedgerMark, open_db, session
 from spotrun.jobs import submit, validate_submission
-from spotrun.market import procs
-from spotrun.market.state import DB_FILE, MarketState
+from spotrun.providers.local.market import procs
+from spotrun.providers.local.market.state import DB_FILE, MarketState
 
 WORKLOAD = r'''
 import json, os, signal, sys, time

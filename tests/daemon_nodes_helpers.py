@@ -79,7 +79,7 @@ def node_rig(home: Path, tmp: Path, nodes: str, hb_timeout_s: float = 120.0) -> 
     from spotrun.config import load_settings
     from spotrun.daemon.app import build_context, build_runner
     from spotrun.jobs import submit, validate_submission
-    from spotrun.providers.local import LocalProvider
+    from spotrun.providers.local.provider import LocalProvider
     trace = write_trace(tmp / "trace.csv", {"zone-a": [1] * 50, "zone-b": [1] * 50},
                         tick_s=600.0)
     (home / "spotrun.toml").write_text(TOML.format(trace=trace, hb_timeout=hb_timeout_s))

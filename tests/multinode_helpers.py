@@ -13,8 +13,8 @@ from typing import Any
 
 from spotrun import layout
 from spotrun.bundle import make_bundle
-from spotrun.market import imds as imds_mod
-from spotrun.market import procs
+from spotrun.providers.local.market import imds as imds_mod
+from spotrun.providers.local.market import procs
 from spotrun.store import open_store
 
 import agent_helpers

@@ -10,8 +10,8 @@ from typing import Any
 
 from spotrun import layout
 from spotrun.config import load_settings
-from spotrun.market.client import MarketClient, ensure_market
-from spotrun.market.options import MarketOptions
+from spotrun.providers.local.market.client import MarketClient, ensure_market
+from spotrun.providers.local.market.options import MarketOptions
 
 # The instance runs the real agent, then stays up (as an AWS instance does between the
 # agent's exit report and its shutdown) until the market kills it (a reclaim, a terminate)

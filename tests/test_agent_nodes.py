@@ -14,7 +14,7 @@ from spotrun import layout
 from spotrun.agent.config import AgentConfig
 from spotrun.agent.nodes import Membership, is_multi_node, node_env, rdzv_change_wait_s
 from spotrun.bundle import make_bundle
-from spotrun.market import imds as imds_mod
+from spotrun.providers.local.market import imds as imds_mod
 from spotrun.store import open_store
 
 import agent_helpers

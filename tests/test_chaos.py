@@ -20,7 +20,8 @@ from sqlmodel import select
 
 from spotrun.db import Attempt, Job, SpendEntry, open_db, session
 from spotrun.jobs import request_cancel
-from spotrun.ledger.rules import SpendKind, rules_for
+from spotrun.ledger.rules import SpendKind
+from spotrun.providers.facts import rules_for
 from spotrun.states import AttemptState, EndReason, JobState, Market, TerminationCause
 
 from conftest import kill_leftovers, write_trace

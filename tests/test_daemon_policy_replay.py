@@ -32,13 +32,13 @@ from spotrun.daemon.placement import clock_progress_s
 from spotrun.db import Attempt, Job, attempts_of, session
 from spotrun.errors import ConfigError
 from spotrun.jobs import submit, validate_submission
-from spotrun.market.client import MarketClient
-from spotrun.market.clock import ManualClock
-from spotrun.market.core import Market
-from spotrun.market.options import MarketOptions
-from spotrun.market.server import MarketHTTPServer, _Flags
+from spotrun.providers.local.market.client import MarketClient
+from spotrun.providers.local.market.clock import ManualClock
+from spotrun.providers.local.market.core import Market
+from spotrun.providers.local.market.options import MarketOptions
+from spotrun.providers.local.market.server import MarketHTTPServer, _Flags
 from spotrun.policy import Mode
-from spotrun.providers.local import LocalProvider
+from spotrun.providers.local.provider import LocalProvider
 from spotrun.states import AttemptState, EndReason, InstanceState, JobState, \
     Market as MarketKind
 

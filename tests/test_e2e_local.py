@@ -187,6 +187,6 @@ def test_cancel_leaves_no_instance(e2e):
     info = ctx.provider.describe(instance_ids=[att.instance_id])[0]
     assert info.state.is_terminal()
     # No process of the instance survives (the market marks each with its instance id).
-    from spotrun.market import procs
+    from spotrun.providers.local.market import procs
     wait_for(lambda: not procs.instance_pids(att.instance_id, None, None), 30,
              "the instance's processes to exit")

@@ -30,8 +30,8 @@ from spotrun.store import open_store
 from spotrun.daemon.app import build_context, build_runner
 from spotrun.db import Event, Job, SpendEntry, attempts_of, open_db, session
 from spotrun.ledger.rules import SpendKind, rules_for
-from spotrun.market import procs
-from spotrun.market.client import read_live_info
+from spotrun.providers.local.market import procs
+from spotrun.providers.local.market.client import read_live_info
 from spotrun.states import EndReason, JobState, Market, TerminationCause
 
 from conftest import kill_leftovers, write_trace
@@ -406,7 +406,7 @@ def test_a_reclaim_the_market_was_down_for_is_booked_until_the_instance_really_s
 
 def test_imds_client_follows_the_discovery_file_to_a_moved_endpoint(tmp_path):
     from spotrun.agent.imds import INSTANCE_ACTION, ImdsClient, discovery_from_env
-    from spotrun.market.imds import ImdsServer
+    from spotrun.providers.local.market.imds import ImdsServer
     first = ImdsServer("i-0moved").start()
     discovery = tmp_path / "market.json"
     discovery.write_text(json.dumps({"imds_url": first.url + "/imds"}))

@@ -9,7 +9,9 @@ from __future__ import annotations
 import pytest
 
 from spotrun.daemon.spend import SpendLoop
-from spotrun.ledger.rules import AWS_RULES, PriceSource, SpendKind, rules_for
+from spotrun.ledger.rules import PriceSource, SpendKind
+from spotrun.providers.aws import AWS_RULES
+from spotrun.providers.facts import rules_for
 from spotrun.errors import ConfigError
 from spotrun.states import EndReason, Market
 

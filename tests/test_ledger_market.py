@@ -17,7 +17,7 @@ from polling import wait_for
 from spotrun.daemon.spend import SpendLoop
 from spotrun.db import Attempt, session
 from spotrun.providers.base import LaunchRequest, Pool
-from spotrun.providers.local import LocalProvider
+from spotrun.providers.local.provider import LocalProvider
 from spotrun.states import AttemptState, EndReason, Market
 
 from test_ledger_support import make_job, new_db, rows_of, total_usd

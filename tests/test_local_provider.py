@@ -14,10 +14,10 @@ from polling import wait_for
 
 from spotrun.config import load_settings
 from spotrun.errors import CapacityError, ProviderError
-from spotrun.market.client import MarketClient, read_live_info, stop_market
-from spotrun.market.clock import ManualClock
+from spotrun.providers.local.market.client import MarketClient, read_live_info, stop_market
+from spotrun.providers.local.market.clock import ManualClock
 from spotrun.providers import LaunchRequest, Pool, make_provider
-from spotrun.providers.local import LocalProvider
+from spotrun.providers.local.provider import LocalProvider
 from spotrun.states import InstanceState, Market
 
 

@@ -8,9 +8,9 @@ import pytest
 from conftest import write_prices, write_trace
 
 from spotrun.catalog import load_catalog
-from spotrun.market.book import MarketBook
-from spotrun.market.clock import ManualClock, MarketClock, aws_time
-from spotrun.market.options import MarketOptions
+from spotrun.providers.local.market.book import MarketBook
+from spotrun.providers.local.market.clock import ManualClock, MarketClock, aws_time
+from spotrun.providers.local.market.options import MarketOptions
 from spotrun.traces import load_prices, load_trace
 
 

@@ -16,12 +16,12 @@ import pytest
 from conftest import kill_leftovers, write_trace
 from polling import wait_for
 
-from spotrun.market import procs
-from spotrun.market.client import MarketClient, MarketRefused
-from spotrun.market.clock import ManualClock, aws_time
-from spotrun.market.core import Market
-from spotrun.market.options import MarketOptions
-from spotrun.market.server import MarketHTTPServer, _Flags
+from spotrun.providers.local.market import procs
+from spotrun.providers.local.market.client import MarketClient, MarketRefused
+from spotrun.providers.local.market.clock import ManualClock, aws_time
+from spotrun.providers.local.market.core import Market
+from spotrun.providers.local.market.options import MarketOptions
+from spotrun.providers.local.market.server import MarketHTTPServer, _Flags
 from spotrun.states import InstanceState, TerminationCause
 
 TICK_S = 60.0

@@ -12,11 +12,11 @@ from pathlib import Path
 from conftest import MarketFactory, write_trace
 from polling import wait_for
 
-from spotrun.market import procs
-from spotrun.market.client import MarketClient, ensure_market, read_live_info
-from spotrun.market.clock import aws_time
-from spotrun.market.options import MarketOptions
-from spotrun.market.state import MarketState
+from spotrun.providers.local.market import procs
+from spotrun.providers.local.market.client import MarketClient, ensure_market, read_live_info
+from spotrun.providers.local.market.clock import aws_time
+from spotrun.providers.local.market.options import MarketOptions
+from spotrun.providers.local.market.state import MarketState
 
 OD = {"instance_type": "p3.2xlarge", "zone": "za", "market": "on-demand"}
 SPOT = {"instance_type": "p3.2xlarge", "zone": "za", "market": "spot"}

@@ -10,8 +10,8 @@ from sqlmodel import select
 
 from spotrun.daemon.prices import PriceLoop
 from spotrun.db import Attempt, Job, PricePoint, open_db, session, utcnow
-from spotrun.market.clock import ManualClock
-from spotrun.providers.local import LocalProvider
+from spotrun.providers.local.market.clock import ManualClock
+from spotrun.providers.local.provider import LocalProvider
 from spotrun.states import AttemptState, JobState, Market
 
 from conftest import write_prices, write_trace

@@ -21,9 +21,9 @@ from polling import wait_for
 from spotrun.aws_clients import make_client
 from spotrun.errors import CapacityError
 from spotrun.providers import InstanceInfo, LaunchRequest, Pool, Provider
-from spotrun.providers.aws import AwsProvider
+from spotrun.providers.aws.provider import AwsProvider
 from spotrun.providers.base import TAG_NODE
-from spotrun.providers.local import LocalProvider
+from spotrun.providers.local.provider import LocalProvider
 from spotrun.states import InstanceState, Market, TerminationCause
 
 

@@ -193,7 +193,7 @@ def test_daemon_job_on_local_market_has_nonnegative_regret(tmp_home, tmp_path):
 
 
 def _truth(settings):
-    from spotrun.audit.market_truth import LocalMarketTruth
+    from spotrun.providers.local.truth import LocalMarketTruth
     return LocalMarketTruth.from_settings(settings)
 
 

@@ -11,7 +11,7 @@ from risk_helpers import ADVISOR, AdvisorServer
 
 from spotrun.catalog import load_catalog
 from spotrun.costmodel.risk import risk_model
-from spotrun.providers.aws_risk import AdvisorFeed, AwsRisk, advisor_hints, parse_ranges
+from spotrun.providers.aws.risk import AdvisorFeed, AwsRisk, advisor_hints, parse_ranges
 
 
 @pytest.fixture

@@ -8,7 +8,7 @@ Builds the simulator's SimModel (spotrun.simulate.model) over the job's window s
 - window: from the first attempt's start to the job's deadline, or to its actual finish
   when it had no deadline (or missed it); one tick = `tick_s` provider seconds (60);
 - availability per tick: the market's truth where there is one (the local market's trace,
-  spotrun.audit.market_truth), else "unknown = unavailable" plus what the daemon saw:
+  spotrun.providers.local.truth), else "unknown = unavailable" plus what the daemon saw:
   a pool is up during its own spot attempts; a reclaim, a refused launch and a "waiting"
   event make it down at that moment (these override the trace too: a forced reclaim is real);
 - prices: recorded PricePoint rows, else the truth's price, else the attempts' launch prices;
@@ -26,7 +26,7 @@ from typing import Callable
 import numpy as np
 from sqlmodel import Session, select
 
-from spotrun.audit.market_truth import MarketTruth
+from spotrun.providers.base import MarketTruth
 from spotrun.db import Attempt, Event, Job, PricePoint, attempts_of
 from spotrun.providers.base import pools_from_json
 from spotrun.states import EndReason, JobState, Market

@@ -97,7 +97,7 @@ def _reconcile(refs: list[str], as_json: bool, bad: object) -> None:
     if not facts_for(settings).bills_cost_explorer:
         raise BadInputError("needs provider = \"aws\" (Cost Explorer bills AWS usage)",
                             field="--reconcile", value=settings.provider)
-    from spotrun.audit.reconcile import reconcile
+    from spotrun.providers.aws.cost_explorer import reconcile
     from spotrun.aws_clients import RetryPolicy, make_client
     from spotrun.db import utcnow
     # Cost Explorer has one endpoint, in us-east-1, whatever region the instances ran in.

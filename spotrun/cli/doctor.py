@@ -43,7 +43,7 @@ def doctor(as_json: bool) -> None:
         if message:
             click.echo(message)
         else:
-            from spotrun.providers.aws_doctor import Status
+            from spotrun.providers.aws.doctor import Status
             table = Table("check", "status", "detail", show_lines=False)
             style = {Status.OK: "green", Status.FIX: "red", Status.UNKNOWN: "yellow"}
             for c in checks:

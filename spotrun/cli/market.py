@@ -10,8 +10,8 @@ from rich.console import Console
 from rich.table import Table
 
 from spotrun.cli.common import echo_json, get_settings, json_option
-from spotrun.market.client import MarketClient, ensure_market, read_live_info, stop_market
-from spotrun.market.options import MarketOptions
+from spotrun.providers.local.market.client import MarketClient, ensure_market, read_live_info, stop_market
+from spotrun.providers.local.market.options import MarketOptions
 
 
 def _market_options(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -55,7 +55,7 @@ def market() -> None:
 @click.option("--port", type=int, default=0, hidden=True, help="Port (0 = a free one).")
 def serve(state_dir: Path | None, port: int, **given: Any) -> None:
     """Run the market in the foreground (writes STATE_DIR/market.json once ready)."""
-    from spotrun.market.server import serve as run_server
+    from spotrun.providers.local.market.server import serve as run_server
     directory, options = _resolve(state_dir, **given)
     raise SystemExit(run_server(directory, options, port))
 

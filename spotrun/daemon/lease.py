@@ -27,7 +27,7 @@ from sqlalchemy.exc import DBAPIError, IntegrityError
 
 from spotrun.daemon.context import Clock, SystemClock
 from spotrun.db import Meta, session
-from spotrun.market import procs
+from spotrun import pids
 
 LEASE_KEY = "daemon_lease"
 
@@ -73,13 +73,13 @@ class LeaseInfo:
         """True when the holder is a process on this boot of this host that is stopped
         (SIGSTOP, a debugger): alive, the same process (start ticks), but not running."""
         return (self.host == socket.gethostname() and self.boot_id == boot_id()
-                and bool(self.boot_id) and procs.is_alive(self.pid, self.pid_start_ticks)
+                and bool(self.boot_id) and pids.is_alive(self.pid, self.pid_start_ticks)
                 and _stopped(self.pid))
 
     def holder_dead_here(self) -> bool:
         """True when the holder was a process on this boot of this host that no longer runs."""
         return (self.host == socket.gethostname() and self.boot_id == boot_id()
-                and bool(self.boot_id) and not procs.is_alive(self.pid, self.pid_start_ticks))
+                and bool(self.boot_id) and not pids.is_alive(self.pid, self.pid_start_ticks))
 
 
 def _stopped(pid: int) -> bool:
@@ -107,7 +107,7 @@ class Lease:
     def _info(self, acquired_at: str | None = None) -> LeaseInfo:
         now = self.clock.now()
         return LeaseInfo(owner=self.owner, host=socket.gethostname(), boot_id=boot_id(),
-                         pid=self.pid, pid_start_ticks=procs.start_ticks(self.pid),
+                         pid=self.pid, pid_start_ticks=pids.start_ticks(self.pid),
                          acquired_at=acquired_at or now.isoformat(),
                          expires_at=(now + timedelta(seconds=self.ttl_s)).isoformat())
 

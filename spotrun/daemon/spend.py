@@ -25,7 +25,8 @@ from spotrun.errors import SpotrunError
 from spotrun.ledger.booking import BookingConflict, book_attempt, instance_times
 from spotrun.ledger.budget import budget_check, job_budget_usd, request_budget_stop
 from spotrun.ledger.intervals import seconds_between
-from spotrun.ledger.rules import BillingRules, SpendKind, rules_for
+from spotrun.ledger.rules import BillingRules, SpendKind
+from spotrun.providers.facts import rules_for
 from spotrun.ledger.storage import StoreOpener, book_storage, measure_job_storage, storage_key
 from spotrun.providers.base import InstanceInfo, Provider
 from spotrun.states import AttemptState, JobState

@@ -12,7 +12,6 @@ import math
 from dataclasses import dataclass
 from enum import Enum
 
-from spotrun.errors import ConfigError
 from spotrun.states import Market
 
 HOURS_PER_MONTH = 730.0          # AWS prices GB-month over a 730-hour month
@@ -77,16 +76,3 @@ class BillingRules:
     def volume_usd(self, size_gb: float, seconds: float) -> float:
         """Block-volume cost of size_gb attached for seconds."""
         return size_gb * seconds / 3600.0 / HOURS_PER_MONTH * self.volume_usd_per_gb_month
-
-
-AWS_RULES = BillingRules(provider="aws")
-
-def rules_for(provider: str) -> BillingRules:
-    """The billing rules a provider declares (spotrun.providers.facts); ConfigError if none."""
-    from spotrun.providers.facts import FACTS
-    facts = FACTS.get(provider)
-    rules = facts.billing_rules() if facts is not None else None
-    if rules is None:
-        raise ConfigError(f"no billing rules for provider {provider!r}; allowed: "
-                          f"{', '.join(FACTS)}", field="provider", value=provider)
-    return rules

@@ -5,8 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 from spotrun.providers.base import (TAG_ATTEMPT, TAG_JOB, TAG_MANAGED, InstanceInfo,
-                                    LaunchPlan, LaunchRequest, Pool, PricePoint, Provider)
-from spotrun.providers.facts import FACTS, ProviderFacts, facts_for
+                                    LaunchPlan, LaunchRequest, Pool, PricePoint, Provider,
+                                    ProviderFacts)
+from spotrun.providers.facts import FACTS, facts_for
 
 PROVIDERS = {name: f.make for name, f in FACTS.items()}
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Callable, Protocol, runtime_checkable
 
 from spotrun.states import InstanceState, Market, TerminationCause
 
@@ -176,3 +176,42 @@ class Provider(Protocol):
 
     def risk_hints(self, instance_types: list[str], zones: list[str]) -> dict[tuple[str, str], Any]:
         """Live reclaim-risk evidence per (type, zone) (spotrun.costmodel.risk.RiskHint); {} if none."""
+
+
+@dataclass(frozen=True)
+class ProviderFacts:
+    """Static facts of one provider kind, read from settings."""
+
+    name: str
+    make: Callable[..., Any]                          # settings, **kw -> Provider
+    known_zones: Callable[[Any], list[str]]           # zones it can launch into
+    time_scale: Callable[[Any], float]                # provider-clock seconds per wall second
+    billed_volume_gb: Callable[[Any], float]          # disk billed per instance beside the GPU
+    agent_extras: Callable[[Any], dict[str, Any]]     # provider-specific agent settings
+    clock_name: str = "wall"                          # how the CLI labels the provider's clock
+    billing_rules: Callable[[], Any] = lambda: None   # spotrun.ledger.rules.BillingRules
+    # What the cloud itself bills (the audit's truth where a provider has one), or None.
+    market_truth: Callable[[Any], Any] = lambda st: None
+    doctor: Callable[[Any], list[Any]] | None = None  # cloud checks for `spotrun doctor`
+    bills_cost_explorer: bool = False                 # `audit --reconcile` can ask the cloud
+    # The c10d rendezvous port of a multi-node job on its host node; 0: a free port the daemon
+    # picks (every local node shares 127.0.0.1, so a fixed port would collide across jobs).
+    rdzv_port: int = 0
+
+
+class MarketTruth(Protocol):
+    """Availability and prices the provider really had (the audit's best source)."""
+
+    name: str
+
+    def zones(self) -> list[str]:
+        """Zones the market offered."""
+
+    def available(self, zone: str, at: datetime) -> bool:
+        """Spot capacity in zone at provider time `at`."""
+
+    def spot_price(self, instance_type: str, zone: str, at: datetime) -> float | None:
+        """Spot USD/h at provider time `at` (None: not priced)."""
+
+    def provider_time(self, wall: datetime) -> datetime:
+        """The provider's clock reading at a wall-clock time."""

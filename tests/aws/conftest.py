@@ -9,7 +9,7 @@ import pytest
 
 from spotrun.aws_clients import make_client
 from spotrun.config import Settings, load_settings
-from spotrun.providers.aws import AwsProvider
+from spotrun.providers.aws.provider import AwsProvider
 
 from .moto_fixtures import MotoServer, moto, moto_server  # noqa: F401  (fixtures)
 

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from spotrun.market import imds as market_imds, procs
-from spotrun.providers.aws_userdata import agent_json_from_user_data
+from spotrun.providers.local.market import imds as market_imds, procs
+from spotrun.providers.aws.userdata import agent_json_from_user_data
 
 POWEROFF_FILE = "poweroff"   # on an instance's disk: what its shutdown_command would have run
 

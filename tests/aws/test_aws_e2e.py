@@ -31,8 +31,8 @@ from spotrun.daemon.app import build_context, build_runner
 from spotrun.db import Attempt, Job, attempts_of, session
 from spotrun.errors import ObjectNotFound, ProviderError, StoreError
 from spotrun.jobs import submit, validate_submission
-from spotrun.providers.aws import AwsProvider
-from spotrun.providers.aws_userdata import (AGENT_UNIT, SHUTDOWN_COMMAND,
+from spotrun.providers.aws.provider import AwsProvider
+from spotrun.providers.aws.userdata import (AGENT_UNIT, SHUTDOWN_COMMAND,
                                             agent_json_from_user_data, render_user_data)
 from spotrun.providers.base import LaunchRequest, Pool
 from spotrun.states import AttemptState, EndReason, JobState, Market

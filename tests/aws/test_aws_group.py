@@ -9,7 +9,7 @@ import pytest
 
 from polling import wait_for
 from spotrun.errors import BadInputError, CapacityError, ConfigError
-from spotrun.providers.aws import AwsProvider
+from spotrun.providers.aws.provider import AwsProvider
 from spotrun.providers.base import TAG_NODE, LaunchRequest, Pool
 from spotrun.states import InstanceState, Market, TerminationCause
 

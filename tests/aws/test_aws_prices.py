@@ -33,7 +33,7 @@ def test_price_history_pages_filters_and_includes_point_in_effect(provider, moto
 
 
 def test_spot_price_is_the_one_in_effect_and_cached(aws_settings, moto):
-    from spotrun.providers.aws import AwsProvider
+    from spotrun.providers.aws.provider import AwsProvider
     clock = {"now": T0 + timedelta(hours=1)}
     p = AwsProvider.from_settings(aws_settings, clock=lambda: clock["now"])
     moto.layer.set_prices([("g5.xlarge", "us-east-1a", T0, 0.41),

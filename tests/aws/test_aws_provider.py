@@ -13,8 +13,8 @@ from spotrun.agent.config import AgentConfig
 from spotrun.config import load_settings
 from spotrun.errors import CapacityError, ConfigError, ProviderError
 from spotrun.providers import make_provider
-from spotrun.providers.aws import AwsProvider
-from spotrun.providers.aws_userdata import AGENT_UNIT, agent_json_from_user_data
+from spotrun.providers.aws.provider import AwsProvider
+from spotrun.providers.aws.userdata import AGENT_UNIT, agent_json_from_user_data
 from spotrun.providers.base import TAG_ATTEMPT, TAG_JOB, LaunchRequest, Pool
 from spotrun.states import InstanceState, Market, TerminationCause
 

@@ -12,7 +12,7 @@ from risk_helpers import ADVISOR, AdvisorServer
 
 from spotrun.catalog import load_catalog
 from spotrun.costmodel.risk import risk_model
-from spotrun.providers.aws import AwsProvider
+from spotrun.providers.aws.provider import AwsProvider
 
 T0 = datetime(2026, 3, 1, tzinfo=timezone.utc)
 

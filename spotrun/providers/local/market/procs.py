@@ -13,33 +13,9 @@ import subprocess
 from pathlib import Path
 
 from spotrun.errors import ProviderError
+from spotrun.pids import is_alive, start_ticks, stat_fields
 
 INSTANCE_ENV = "SPOTRUN_INSTANCE_ID"
-
-
-def _stat_fields(pid: int) -> list[str] | None:
-    try:
-        raw = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    # comm may contain spaces or parens: fields start after the last ')'.
-    return raw[raw.rfind(")") + 2:].split()
-
-
-def start_ticks(pid: int) -> int | None:
-    """Process start time in clock ticks since boot (/proc/<pid>/stat field 22), or None."""
-    f = _stat_fields(pid)
-    return int(f[19]) if f and len(f) > 19 else None
-
-
-def is_alive(pid: int | None, ticks: int | None) -> bool:
-    """True when pid runs, is not a zombie, and started at `ticks` (so it is not a reused pid)."""
-    if not pid:
-        return False
-    f = _stat_fields(pid)
-    if not f or f[0] in ("Z", "X"):
-        return False
-    return ticks is None or int(f[19]) == ticks
 
 
 def spawn(argv: list[str], *, cwd: Path, env: dict[str, str],
@@ -55,12 +31,12 @@ def spawn(argv: list[str], *, cwd: Path, env: dict[str, str],
 
 
 def _parent(pid: int) -> int | None:
-    f = _stat_fields(pid)
+    f = stat_fields(pid)
     return int(f[1]) if f else None
 
 
 def _pgid(pid: int) -> int | None:
-    f = _stat_fields(pid)
+    f = stat_fields(pid)
     return int(f[2]) if f else None
 
 

@@ -17,8 +17,8 @@ from typing import Any
 
 from spotrun.aws_clients import CAPACITY_CODES, error_code, use_retries
 from spotrun.errors import BadInputError, CapacityError, ProviderError
-from spotrun.providers import aws_fis
-from spotrun.providers.aws_launch import TAG_TOKEN, build_group_calls
+import spotrun.providers.aws.fis as aws_fis
+from spotrun.providers.aws.launch import TAG_TOKEN, build_group_calls, ec2_error
 from spotrun.providers.base import TAG_JOB, TAG_NODE, InstanceInfo, LaunchPlan, LaunchRequest
 from spotrun.states import InstanceState
 
@@ -74,7 +74,7 @@ class GroupActs:
                     self._record_capacity(pool, code)
                     failed.append((pool, code))
                 return []
-            raise _perr(exc, "create_fleet") from None
+            raise ec2_error(exc, "create_fleet") from None
         return sorted(self._ids_from("create_fleet", resp, c["pools"], failed))
 
     def _ensure_placement_group(self, params: dict[str, Any]) -> None:
@@ -82,7 +82,7 @@ class GroupActs:
             self._call("create_placement_group", **params)
         except Exception as exc:
             if error_code(exc) not in ("InvalidPlacementGroup.Duplicate",):
-                raise _perr(exc, "create_placement_group") from None
+                raise ec2_error(exc, "create_placement_group") from None
 
     def _group_by_token(self, request: LaunchRequest) -> list[InstanceInfo] | None:
         """The group this token already started (a crash between launch and DB write)."""
@@ -157,7 +157,7 @@ class GroupActs:
             fis.start_experiment(clientToken=uuid.uuid4().hex,
                                  experimentTemplateId=tid, tags={"spotrun:managed": "true"})
         except Exception as exc:
-            raise _perr(exc, "fis") from None
+            raise ec2_error(exc, "fis") from None
         try:   # the experiment keeps its own copy; the template is only clutter now
             fis.delete_experiment_template(id=tid)
         except Exception as exc:  # noqa: BLE001 - a leftover template costs nothing
@@ -172,7 +172,3 @@ class GroupActs:
         return {i["InstanceId"]: (i, r.get("OwnerId", ""))
                 for r in resp.get("Reservations", []) for i in r.get("Instances", [])}
 
-
-def _perr(exc: BaseException, method: str) -> ProviderError:
-    from spotrun.providers.aws import _provider_error   # aws.py imports this module
-    return _provider_error(exc, method)

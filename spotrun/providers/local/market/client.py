@@ -21,8 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from spotrun.errors import BadInputError, ProviderError
-from spotrun.market import procs
-from spotrun.market.options import MarketOptions
+from spotrun.providers.local.market import procs
+from spotrun.providers.local.market.options import MarketOptions
 
 MARKET_JSON = "market.json"
 START_LOCK = "start.lock"

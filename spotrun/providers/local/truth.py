@@ -1,6 +1,6 @@
 """What the local market really offered: its trace, read back from the market's state dir.
 
-The local market replays a trace on its own clock (spotrun.market.clock); its state
+The local market replays a trace on its own clock (market.clock); its state
 database keeps the options (trace, prices, scale, start tick) and the clock's epoch, so
 availability and prices at any provider time can be recomputed after the fact, with
 the market stopped. On AWS nothing like this exists: the audit has only its own
@@ -13,30 +13,12 @@ import json
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
-from spotrun.market.book import MarketBook
-from spotrun.market.clock import MarketClock, SystemClock, to_dt
-from spotrun.market.options import MarketOptions
-from spotrun.market.state import DB_FILE, MarketState
-
-
-class MarketTruth(Protocol):
-    """Availability and prices the provider really had (the audit's best source)."""
-
-    name: str
-
-    def zones(self) -> list[str]:
-        """Zones the market offered."""
-
-    def available(self, zone: str, at: datetime) -> bool:
-        """Spot capacity in zone at provider time `at`."""
-
-    def spot_price(self, instance_type: str, zone: str, at: datetime) -> float | None:
-        """Spot USD/h at provider time `at` (None: not priced)."""
-
-    def provider_time(self, wall: datetime) -> datetime:
-        """The provider's clock reading at a wall-clock time."""
+from spotrun.providers.local.market.book import MarketBook
+from spotrun.providers.local.market.clock import MarketClock, SystemClock, to_dt
+from spotrun.providers.local.market.options import MarketOptions
+from spotrun.providers.local.market.state import DB_FILE, MarketState
 
 
 @dataclass

@@ -18,11 +18,11 @@ from pathlib import Path
 from typing import Any
 
 from spotrun.errors import BadInputError
-from spotrun.market import procs
-from spotrun.market.clock import MarketClock, SystemClock, WallClock
-from spotrun.market.imds import TokenMinter
-from spotrun.market.options import MarketOptions
-from spotrun.market.state import InstanceRecord, MarketState
+from spotrun.providers.local.market import procs
+from spotrun.providers.local.market.clock import MarketClock, SystemClock, WallClock
+from spotrun.providers.local.market.imds import TokenMinter
+from spotrun.providers.local.market.options import MarketOptions
+from spotrun.providers.local.market.state import InstanceRecord, MarketState
 from spotrun.providers.base import Pool
 from spotrun.providers.base import TAG_JOB
 from spotrun.states import InstanceState, Market as MarketKind, TerminationCause

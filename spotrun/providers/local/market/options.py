@@ -11,7 +11,7 @@ from typing import Any
 
 from spotrun.catalog import load_catalog
 from spotrun.errors import BadInputError
-from spotrun.market.book import MarketBook
+from spotrun.providers.local.market.book import MarketBook
 from spotrun.traces import Trace, load_prices, load_trace
 
 DEMO_TRACE = "p3.2xlarge_4az_demo.csv"

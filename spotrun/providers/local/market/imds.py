@@ -22,8 +22,8 @@ from dataclasses import dataclass, replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable, Mapping
 
-from spotrun.market.clock import aws_time
-from spotrun.market.state import InstanceRecord
+from spotrun.providers.local.market.clock import aws_time
+from spotrun.providers.local.market.state import InstanceRecord
 
 TTL_HEADER = "X-aws-ec2-metadata-token-ttl-seconds"
 TOKEN_HEADER = "X-aws-ec2-metadata-token"

@@ -1,6 +1,6 @@
 """The `local` provider: instances are process groups run by the local spot market.
 
-The market is a separate durable process (spotrun.market); this provider only
+The market is a separate durable process (spotrun.providers.local.market); this provider only
 talks HTTP to it, starting it detached when none runs, so a daemon restart finds
 its instances where it left them. Times are the market's clock.
 """
@@ -14,9 +14,9 @@ from typing import Any, Callable, TypeVar
 
 from spotrun.catalog import Catalog, load_catalog
 from spotrun.errors import CapacityError, ProviderError
-from spotrun.market.client import MarketClient, MarketRefused, ensure_market, read_live_info
-from spotrun.market.clock import SystemClock, WallClock, to_dt
-from spotrun.market.options import MarketOptions
+from spotrun.providers.local.market.client import MarketClient, MarketRefused, ensure_market, read_live_info
+from spotrun.providers.local.market.clock import SystemClock, WallClock, to_dt
+from spotrun.providers.local.market.options import MarketOptions
 from spotrun.providers.base import (TAG_ATTEMPT, TAG_JOB, TAG_MANAGED, TAG_NODE, InstanceInfo,
                                     LaunchPlan, LaunchRequest, Pool, PricePoint)
 from spotrun.states import InstanceState, Market, TerminationCause
@@ -61,7 +61,7 @@ def info_from_json(raw: dict[str, Any]) -> InstanceInfo:
 
 
 class LocalProvider:
-    """Provider backed by a local market process (see spotrun.market)."""
+    """Provider backed by a local market process (see spotrun.providers.local.market)."""
 
     name = "local"
     snapshot_source = "live (local market)"

@@ -18,8 +18,9 @@ import re
 from dataclasses import dataclass, replace
 from typing import Any
 
-from spotrun.errors import ConfigError
-from spotrun.providers.aws_userdata import encode_user_data, render_user_data
+from spotrun.aws_clients import error_code
+from spotrun.errors import ConfigError, ProviderError
+from spotrun.providers.aws.userdata import encode_user_data, render_user_data
 from spotrun.providers.base import (TAG_ATTEMPT, TAG_JOB, TAG_MANAGED, TAG_NODE, LaunchRequest,
                                     Pool)
 from spotrun.states import Market
@@ -260,3 +261,15 @@ def _group_fleet_call(cfg: LaunchConfig, request: LaunchRequest, i: int, pool: P
         {"ResourceType": kind, "Tags": [{"Key": k, "Value": v} for k, v in sorted(tags.items())]}
         for kind in ("instance", "fleet")]
     return call
+
+
+def ec2_error(exc: BaseException, method: str) -> ProviderError:
+    """A boto3 failure of one EC2 call as our ProviderError (ProviderErrors pass through)."""
+    if isinstance(exc, ProviderError):
+        return exc
+    code = error_code(exc) or type(exc).__name__
+    hint = None
+    if code == "IdempotentParameterMismatch":
+        hint = "a retried launch must send the same request as the first"
+    return ProviderError(f"ec2 {method} failed: {code}: {exc}"[:400], field="aws",
+                         value=code, hint=hint)

@@ -19,12 +19,12 @@ from typing import Any, Callable
 from urllib.parse import parse_qs, urlsplit
 
 from spotrun.errors import BadInputError, ProviderError, SpotrunError
-from spotrun.market import imds, procs
-from spotrun.market.clock import to_iso
-from spotrun.market.core import LaunchRefused, Market
+from spotrun.providers.local.market import imds, procs
+from spotrun.providers.local.market.clock import to_iso
+from spotrun.providers.local.market.core import LaunchRefused, Market
 from spotrun.providers.base import Pool
-from spotrun.market.options import MarketOptions
-from spotrun.market.state import InstanceRecord
+from spotrun.providers.local.market.options import MarketOptions
+from spotrun.providers.local.market.state import InstanceRecord
 from spotrun.states import Market as MarketKind
 
 MARKET_JSON = "market.json"
@@ -236,7 +236,7 @@ class _Handler(BaseHTTPRequestHandler):
         return {"stopping": True}
 
 
-# The market's HTTP API: (method, path) -> handler. IMDS paths are served by spotrun.market.imds.
+# The market's HTTP API: (method, path) -> handler. IMDS paths are served by spotrun.providers.local.market.imds.
 ROUTES: dict[tuple[str, str], Callable[[_Handler, list[str], dict[str, str]], Any]] = {
     ("GET", "health"): _Handler._health,
     ("GET", "time"): _Handler._time,

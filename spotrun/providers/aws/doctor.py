@@ -10,7 +10,7 @@ from urllib.parse import urlparse
 from spotrun.aws_clients import RetryPolicy, error_code, make_client
 from spotrun.catalog import load_catalog
 from spotrun.errors import ConfigError
-from spotrun.providers.aws_launch import LaunchConfig
+from spotrun.providers.aws.launch import LaunchConfig
 
 # Service Quotas codes of the spot vCPU limits, per instance family (first letters).
 SPOT_QUOTAS = {

@@ -18,10 +18,11 @@ from spotrun.aws_clients import (CAPACITY_CODES, RetryPolicy, error_code, make_c
                                  use_retries)
 from spotrun.catalog import Catalog, load_catalog
 from spotrun.errors import CapacityError, ConfigError, ProviderError
-from spotrun.providers.aws_group import GroupActs
-from spotrun.providers.aws_launch import TAG_TOKEN, LaunchConfig, build_calls, build_group_calls
-from spotrun.providers.aws_prices import SpotPrices
-from spotrun.providers.aws_risk import AdvisorFeed, AwsRisk
+from spotrun.providers.aws.group import GroupActs
+from spotrun.providers.aws.launch import (TAG_TOKEN, LaunchConfig, build_calls, build_group_calls,
+                                         ec2_error)
+from spotrun.providers.aws.prices import SpotPrices
+from spotrun.providers.aws.risk import AdvisorFeed, AwsRisk
 from spotrun.providers.base import (TAG_JOB, TAG_MANAGED, InstanceInfo, LaunchPlan,
                                     LaunchRequest, PricePoint)
 from spotrun.states import InstanceState, Market, TerminationCause
@@ -194,7 +195,7 @@ class AwsProvider(GroupActs):
                         self._record_capacity(pool, code)
                         failed.append((pool, code))
                     continue
-                raise _provider_error(exc, method) from None
+                raise ec2_error(exc, method) from None
             ids = self._ids_from(method, resp, c["pools"], failed)
             if ids:
                 self._cleanup_template(plan)
@@ -231,7 +232,7 @@ class AwsProvider(GroupActs):
             self._call("create_launch_template", **params)
         except Exception as exc:
             if "AlreadyExists" not in error_code(exc):
-                raise _provider_error(exc, "create_launch_template") from None
+                raise ec2_error(exc, "create_launch_template") from None
 
     def _cleanup_template(self, plan: LaunchPlan) -> None:
         if self.cfg.launch_api != "fleet":
@@ -292,7 +293,7 @@ class AwsProvider(GroupActs):
             try:
                 resp = self._call("describe_instances", **kw)
             except Exception as exc:
-                raise _provider_error(exc, "describe_instances") from None
+                raise ec2_error(exc, "describe_instances") from None
             for r in resp.get("Reservations", []):
                 raw.extend(r.get("Instances", []))
             token = resp.get("NextToken") or ""
@@ -357,19 +358,8 @@ class AwsProvider(GroupActs):
         except Exception as exc:
             if error_code(exc) in _NOT_FOUND:
                 return
-            raise _provider_error(exc, "terminate_instances") from None
+            raise ec2_error(exc, "terminate_instances") from None
 
 
 def _as_utc(ts: datetime) -> datetime:
     return ts.replace(tzinfo=timezone.utc) if ts.tzinfo is None else ts.astimezone(timezone.utc)
-
-
-def _provider_error(exc: BaseException, method: str) -> ProviderError:
-    if isinstance(exc, ProviderError):
-        return exc
-    code = error_code(exc) or type(exc).__name__
-    hint = None
-    if code == "IdempotentParameterMismatch":
-        hint = "a retried launch must send the same request as the first"
-    return ProviderError(f"ec2 {method} failed: {code}: {exc}"[:400], field="aws",
-                         value=code, hint=hint)

@@ -1,0 +1,50 @@
+"""The `aws` provider: EC2, FIS and Cost Explorer through boto3, and what it bills.
+
+Control plane: `provider` (AwsProvider: plan, launch, describe, terminate), `launch`
+(fleet / run_instances calls), `group` (multi-node fleets), `fis` (interruptions),
+`prices`, `risk` (reclaim-risk hints), `doctor`, `cost_explorer` (`audit --reconcile`).
+Instance side: `userdata` (what boots the agent); the agent reads EC2's IMDS.
+This module is cheap to import (no boto3): it declares the provider's facts only.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from spotrun.ledger.rules import BillingRules
+from spotrun.providers.base import ProviderFacts
+
+DEFAULT_ZONES = {
+    "us-east-1": ["us-east-1a", "us-east-1b", "us-east-1c", "us-east-1d", "us-east-1e",
+                  "us-east-1f"],
+    "us-east-2": ["us-east-2a", "us-east-2b", "us-east-2c"],
+    "us-west-2": ["us-west-2a", "us-west-2b", "us-west-2c", "us-west-2d"],
+}
+AWS_RULES = BillingRules(provider="aws")
+
+
+def _zones(settings: Any) -> list[str]:
+    # Configured subnets ("zone=subnet-id") say where launches can go.
+    subnets = [s.split("=", 1)[0].strip() for s in settings.aws.subnets if "=" in s]
+    if subnets:
+        return sorted(set(subnets))
+    return list(DEFAULT_ZONES.get(settings.region, []))
+
+
+def _make(settings: Any, **kw: Any) -> Any:
+    from spotrun.providers.aws.provider import AwsProvider  # boto3 only when asked for
+    return AwsProvider.from_settings(settings, **kw)
+
+
+def _doctor(settings: Any) -> list[Any]:
+    from spotrun.providers.aws.doctor import AwsDoctor  # boto3 only when asked for
+    return AwsDoctor(settings).run()
+
+
+FACTS = ProviderFacts(
+    name="aws", make=_make, known_zones=_zones, time_scale=lambda st: 1.0,
+    billed_volume_gb=lambda st: float(st.aws.volume_size_gb),
+    agent_extras=lambda st: ({"imds_endpoint": st.aws.imds_endpoint}
+                             if st.aws.imds_endpoint else {}),
+    billing_rules=lambda: AWS_RULES, doctor=_doctor, bills_cost_explorer=True,
+    rdzv_port=29400)

@@ -1,0 +1,56 @@
+"""The `local` provider: a simulated spot market on this machine, and what it bills.
+
+Control plane: `provider` (LocalProvider, the market's HTTP client side). Instance side:
+`market/` (the durable market process: trace replay on its own clock, instances as
+process groups, IMDS with notices, reclaims). `truth` reads back what the market offered,
+for the audit. This module is cheap to import: it declares the provider's facts only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from spotrun.providers.aws import AWS_RULES
+from spotrun.providers.base import ProviderFacts
+
+# The local market imitates AWS, so its bill follows the same rules.
+LOCAL_RULES = replace(AWS_RULES, provider="local")
+
+
+def local_trace_path(settings: Any) -> Path:
+    """The availability trace the local market replays (the packaged demo extract by default)."""
+    if settings.local.trace:
+        return Path(settings.local.trace)
+    from spotrun.providers.local.market.options import DEMO_TRACE
+    return Path(str(resources.files("spotrun.data").joinpath("traces", DEMO_TRACE)))
+
+
+def _zones(settings: Any) -> list[str]:
+    try:
+        header = local_trace_path(settings).read_text(encoding="utf-8").splitlines()[0].split(",")
+    except (OSError, IndexError):
+        return []
+    pools = header[2:]
+    if settings.local.pools:
+        pools = [p for p in pools if p in settings.local.pools]
+    return pools
+
+
+def _make(settings: Any, **kw: Any) -> Any:
+    from spotrun.providers.local.provider import LocalProvider
+    return LocalProvider.from_settings(settings, **kw)
+
+
+def _truth(settings: Any) -> Any:
+    from spotrun.providers.local.truth import LocalMarketTruth
+    return LocalMarketTruth.from_settings(settings)
+
+
+FACTS = ProviderFacts(
+    name="local", make=_make, known_zones=_zones,
+    time_scale=lambda st: float(st.local.time_scale), billed_volume_gb=lambda st: 0.0,
+    agent_extras=lambda st: {}, clock_name="market", billing_rules=lambda: LOCAL_RULES,
+    market_truth=_truth)
