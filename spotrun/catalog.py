@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from functools import lru_cache
 from importlib import resources
-from typing import Any
+from typing import Any, Callable
 
 import yaml
 
@@ -86,3 +86,13 @@ def load_catalog(name: str = "aws") -> Catalog:
     """The packaged catalog `spotrun/data/catalog/<name>.yaml`."""
     text = resources.files("spotrun.data").joinpath("catalog", f"{name}.yaml").read_text("utf-8")
     return parse_catalog(yaml.safe_load(text))
+
+
+def catalog_od_price(region: str) -> Callable[[str], float | None]:
+    """On-demand USD/h by instance type from the packaged catalog (None if unlisted)."""
+    cat = load_catalog("aws")
+
+    def price(instance_type: str) -> float | None:
+        t = cat.types.get(instance_type)
+        return t.on_demand_price(region) if t is not None else None
+    return price

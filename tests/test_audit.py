@@ -14,7 +14,7 @@ from click.testing import CliRunner
 
 from spotrun.audit import audit_jobs
 from spotrun.cli import cli
-from spotrun.cli.audit import catalog_od_price
+from spotrun.catalog import catalog_od_price
 from spotrun.daemon.spend import SpendLoop
 from spotrun.db import session
 from spotrun.states import EndReason, JobState, Market

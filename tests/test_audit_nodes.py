@@ -8,7 +8,7 @@ import pytest
 from sqlmodel import select
 
 from spotrun.audit import audit_jobs
-from spotrun.cli.audit import catalog_od_price
+from spotrun.catalog import catalog_od_price
 from spotrun.daemon.spend import SpendLoop
 from spotrun.db import Attempt, AttemptNode, SpendEntry, session
 from spotrun.ledger.rules import SpendKind

@@ -17,7 +17,7 @@ from sqlmodel import select
 from spotrun.audit import audit_jobs
 from spotrun.audit.observed import build_observed_model
 from spotrun.audit.regret import MODEL_FOR_JOB, hindsight, observed_builder, use_observed_model
-from spotrun.cli.audit import catalog_od_price
+from spotrun.catalog import catalog_od_price
 from spotrun.config import load_settings
 from spotrun.daemon.app import build_context, build_runner
 from spotrun.db import Attempt, Job, PricePoint, SpendEntry, attempts_of, open_db, session

@@ -13,7 +13,6 @@ from rich.console import Console
 from rich.table import Table
 
 from spotrun.audit.render import TABLE_COLUMNS, cause_rows, cell, flat, to_csv, totals
-from spotrun.catalog import load_catalog
 from spotrun.cli.common import echo_json, get_settings, open_state_db
 from spotrun.db import session
 from spotrun.errors import BadInputError
@@ -28,16 +27,6 @@ def _parse_time(value: str | None, name: str) -> datetime | None:
         raise BadInputError("allowed: an ISO-8601 time such as 2030-01-31T12:00:00Z",
                             field=name, value=value) from None
     return t if t.tzinfo else t.replace(tzinfo=timezone.utc)
-
-
-def catalog_od_price(region: str):
-    """On-demand USD/h by instance type from the packaged catalog (None if unlisted)."""
-    cat = load_catalog("aws")
-
-    def price(instance_type: str) -> float | None:
-        t = cat.types.get(instance_type)
-        return t.on_demand_price(region) if t is not None else None
-    return price
 
 
 @click.command()

@@ -205,7 +205,7 @@ def audit_view(settings: Any, refs: list[str] | None = None, *, since: datetime 
     """`spotrun audit`: JobAudit per job (`.to_dict()` is the --json element)."""
     from spotrun.audit import audit_jobs
     from spotrun.audit.regret import MODEL_FOR_JOB, use_observed_model
-    from spotrun.cli.audit import catalog_od_price
+    from spotrun.catalog import catalog_od_price
     # The hindsight builder is a module-level hook: set it for this call only, then restore.
     saved = MODEL_FOR_JOB.pop("default", None)
     try:
