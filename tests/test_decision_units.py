@@ -13,7 +13,7 @@ from spotrun.cli import cli
 from spotrun.decide import catalog_snapshot, decide, wait_reason
 from spotrun.costmodel import NoHistory
 from spotrun.spec import parse_spec
-from spotrun.zones import DEFAULT_AWS_ZONES
+from spotrun.providers.aws import DEFAULT_ZONES as DEFAULT_AWS_ZONES
 
 ZONES = DEFAULT_AWS_ZONES["us-east-1"]
 

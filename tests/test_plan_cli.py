@@ -15,7 +15,7 @@ from spotrun.costmodel import CatalogPrices, NoHistory
 from decide_helpers import rank_candidates
 from spotrun.costmodel.risk import risk_model
 from spotrun.spec import load_spec_file
-from spotrun.zones import DEFAULT_AWS_ZONES
+from spotrun.providers.aws import DEFAULT_ZONES as DEFAULT_AWS_ZONES
 
 REPO = Path(__file__).resolve().parents[1]
 SAMPLES = sorted((REPO / "configs" / "jobs").glob("*.yaml"))

@@ -83,19 +83,15 @@ def _reconcile(refs: list[str], as_json: bool, bad: object) -> None:
         raise BadInputError("--reconcile takes only JOBS and --json", field="--reconcile")
     settings = get_settings()
     from spotrun.providers.facts import facts_for
-    if not facts_for(settings).bills_cost_explorer:
-        raise BadInputError("needs provider = \"aws\" (Cost Explorer bills AWS usage)",
+    reconcile = facts_for(settings).reconcile
+    if reconcile is None:
+        raise BadInputError("needs a provider whose cloud bills by job tag (aws: Cost Explorer)",
                             field="--reconcile", value=settings.provider)
-    from spotrun.providers.aws.cost_explorer import reconcile
-    from spotrun.aws_clients import RetryPolicy, make_client
     from spotrun.db import utcnow
-    # Cost Explorer has one endpoint, in us-east-1, whatever region the instances ran in.
-    ce = make_client("ce", region="us-east-1", endpoint_url=settings.aws.endpoint_url,
-                     retry=RetryPolicy.from_settings(settings.aws))
     engine = open_state_db(settings, refs[0] if refs else None)
     with session(engine) as s:
         jobs = _jobs(s, refs)
-        lines = reconcile(s, jobs, ce, now=utcnow())
+        lines = reconcile(settings, s, jobs, utcnow())
     if as_json:
         echo_json([ln.to_dict() for ln in lines])
         return

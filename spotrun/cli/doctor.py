@@ -43,11 +43,11 @@ def doctor(as_json: bool) -> None:
         if message:
             click.echo(message)
         else:
-            from spotrun.providers.aws.doctor import Status
             table = Table("check", "status", "detail", show_lines=False)
-            style = {Status.OK: "green", Status.FIX: "red", Status.UNKNOWN: "yellow"}
+            style = {"ok": "green", "fix": "red", "unknown": "yellow"}
             for c in checks:
-                table.add_row(c.name, f"[{style[c.status]}]{c.status.value}[/]", c.detail)
+                status = c.status.value
+                table.add_row(c.name, f"[{style.get(status, 'yellow')}]{status}[/]", c.detail)
             Console(width=160).print(table)
     if db["status"] == "fix" or any(c.status.value == "fix" for c in checks):
         raise SystemExit(1)

@@ -193,7 +193,8 @@ class ProviderFacts:
     # What the cloud itself bills (the audit's truth where a provider has one), or None.
     market_truth: Callable[[Any], Any] = lambda st: None
     doctor: Callable[[Any], list[Any]] | None = None  # cloud checks for `spotrun doctor`
-    bills_cost_explorer: bool = False                 # `audit --reconcile` can ask the cloud
+    # `audit --reconcile`: (settings, session, jobs, now) -> lines of ledger vs the cloud's bill
+    reconcile: Callable[..., list[Any]] | None = None
     # The c10d rendezvous port of a multi-node job on its host node; 0: a free port the daemon
     # picks (every local node shares 127.0.0.1, so a fixed port would collide across jobs).
     rdzv_port: int = 0

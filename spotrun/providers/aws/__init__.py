@@ -41,10 +41,19 @@ def _doctor(settings: Any) -> list[Any]:
     return AwsDoctor(settings).run()
 
 
+def _reconcile(settings: Any, s: Any, jobs: list[Any], now: Any) -> list[Any]:
+    from spotrun.aws_clients import RetryPolicy, make_client
+    from spotrun.providers.aws.cost_explorer import reconcile
+    # Cost Explorer has one endpoint, in us-east-1, whatever region the instances ran in.
+    ce = make_client("ce", region="us-east-1", endpoint_url=settings.aws.endpoint_url,
+                     retry=RetryPolicy.from_settings(settings.aws))
+    return reconcile(s, jobs, ce, now=now)
+
+
 FACTS = ProviderFacts(
     name="aws", make=_make, known_zones=_zones, time_scale=lambda st: 1.0,
     billed_volume_gb=lambda st: float(st.aws.volume_size_gb),
     agent_extras=lambda st: ({"imds_endpoint": st.aws.imds_endpoint}
                              if st.aws.imds_endpoint else {}),
-    billing_rules=lambda: AWS_RULES, doctor=_doctor, bills_cost_explorer=True,
+    billing_rules=lambda: AWS_RULES, doctor=_doctor, reconcile=_reconcile,
     rdzv_port=29400)
