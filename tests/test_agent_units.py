@@ -265,3 +265,21 @@ def test_agent_config_round_trips_new_fields():
     assert AgentConfig.from_json(cfg.to_json()) == cfg
     assert AgentConfig(job_id="j", attempt=1, store_uri="file:///s", checkpoint_uri="file:///c",
                        command="true").shutdown_command is None
+
+
+def test_a_save_signal_sent_the_moment_the_job_starts_does_not_kill_it(tmp_path: Path) -> None:
+    # The agent may signal at once (a budget stop already requested, an early notice): the
+    # shell must not die of SIGUSR1 before it had a chance to ignore it.
+    import signal
+
+    from spotrun.agent.child import signal_group, spawn
+    from polling import wait_for
+    log = tmp_path / "job.log"
+    proc = spawn("echo started; sleep 30", cwd=tmp_path, env=dict(os.environ), log_path=log)
+    try:
+        assert signal_group(proc, signal.SIGUSR1)
+        wait_for(lambda: "started" in log.read_text(), timeout_s=30, what="the command's output")
+        assert proc.poll() is None, proc.returncode
+    finally:
+        signal_group(proc, signal.SIGKILL)
+        proc.wait()

@@ -168,6 +168,25 @@ def test_a_resumed_attempt_ignores_the_budget_stop_meant_for_the_one_before(agen
     assert first["reason"] == "budget", first
 
 
+def test_a_job_that_fails_while_asked_to_save_for_the_budget_ended_for_the_budget(agents,
+                                                                                tmp_path):
+    # The agent asked the job to save and stop because the budget is spent; the job fails on
+    # the way out (here: exits 3 on SIGUSR1). The attempt ended for the budget, not in an
+    # error the daemon would retry and pay for.
+    ready = tmp_path / "handler-installed"
+    command = (f"{sys.executable} -c \"import signal, sys, time; "
+               f"signal.signal(signal.SIGUSR1, lambda *a: sys.exit(3)); "
+               f"open('{ready}', 'w').close(); time.sleep(120)\"")
+    proc, _ = agents("first", wait=False, attempt=1, command=command, stop_grace_s=60.0)
+    wait_for(ready.exists, timeout_s=60, what="the job's SIGUSR1 handler")
+    control = agents.store_dir / layout.control_key("job-test")
+    control.parent.mkdir(parents=True, exist_ok=True)
+    control.write_bytes(budget_stop_request([1]))
+    proc.wait(timeout=60)
+    report = json.loads((agents.store_dir / layout.exit_key("job-test", 1)).read_text())
+    assert report["exit_code"] == 3 and report["reason"] == "budget", report
+
+
 # ------------------------------------------------------------------ 2. market restart
 
 def test_instances_still_hear_notices_after_the_market_restarts_on_a_new_port(home, daemon,

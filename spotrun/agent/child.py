@@ -1,8 +1,8 @@
 """Start the job's command in its own process group, and signal that group.
 
-The command runs under `bash -c` with SIGUSR1 ignored by the shell (`trap ''`):
-a shell left waiting on a multi-command line would otherwise die of the
-interruption notice. Ignored signals pass to the shell's children as ignored,
+The command runs under `bash -c` with SIGUSR1 ignored from its first instruction
+(set before exec; `trap ''` too where there is no preexec hook): a shell left
+waiting on a multi-command line would otherwise die of the interruption notice. Ignored signals pass to the shell's children as ignored,
 so a job that does not handle SIGUSR1 keeps running (the notice never kills
 it), and one that installs a handler (the training library does) gets it.
 
@@ -40,17 +40,22 @@ _PR_SET_PDEATHSIG = 1
 
 
 def _die_with_parent_fn() -> Callable[[], None] | None:
-    """A preexec function binding the child's life to the agent's (Linux only)."""
+    """A preexec function binding the child's life to the agent's and starting it with
+    SIGUSR1 ignored (Linux only)."""
     if not sys.platform.startswith("linux"):
         return None
     try:
-        prctl = ctypes.CDLL(None, use_errno=True).prctl   # looked up before fork, not after
+        libc = ctypes.CDLL(None, use_errno=True)   # looked up before fork, not after
+        prctl, set_handler = libc.prctl, libc.signal
     except (OSError, AttributeError):
         return None
-
+    set_handler.argtypes, set_handler.restype = [ctypes.c_int, ctypes.c_void_p], ctypes.c_void_p
     parent = os.getpid()
 
     def preexec() -> None:
+        # Ignored before exec, not by the shell's `trap` line: a signal sent in the moment
+        # between the start and that line would kill the shell (and the job) outright.
+        set_handler(int(signal.SIGUSR1), 1)   # SIG_IGN
         prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
         if os.getppid() != parent:   # the agent died before prctl took effect
             os._exit(137)

@@ -349,7 +349,9 @@ class Agent(MultiNode):
         # Leftovers of the group (background jobs, workers) must not outlive the attempt.
         self._signal_child(signal.SIGKILL)
         code = exit_code_of(returncode)
-        reason = self.stop_reason or ("completed" if code == 0 else "error")
+        # A job that fails while asked to save and stop (budget) ended for that reason.
+        asked = self._save_then_stop[0] if self._save_then_stop is not None else None
+        reason = self.stop_reason or ("completed" if code == 0 else asked or "error")
         self._check_emergency_save()
         if self._tee is not None and not self._tee.join():
             log.warning("job_output_still_open")   # an escaped process holds the pipe
