@@ -110,6 +110,21 @@ def run_one(task: tuple) -> dict | None:
             "vs_od": {n: s[n]["mean_cost_vs_on_demand"] for n in [*args.policies, OPTIMAL]}}
 
 
+def run_biggest_first(fn, tasks: list, workers: int, size) -> list:
+    """fn over tasks on `workers` processes, biggest first (the workers finish together);
+    results in the tasks' order."""
+    order = sorted(range(len(tasks)), key=lambda i: -size(tasks[i]))
+    if workers > 1:
+        with mp.get_context("fork").Pool(workers) as pool:
+            done = pool.map(fn, [tasks[i] for i in order], chunksize=1)
+    else:
+        done = [fn(tasks[i]) for i in order]
+    results: list = [None] * len(tasks)
+    for i, r in zip(order, done):
+        results[i] = r
+    return results
+
+
 def closure(better: float, ours: float) -> float:
     """Share of the better rule's gap to optimal (ratio 1) that ours closes."""
     return (better - ours) / (better - 1.0) if better > 1.0 else 0.0
@@ -143,17 +158,8 @@ def main() -> None:
                         key = _cache_key(label, pools, work_h, work_h * factor, args)
                         tasks.append((label, pools, work_h, factor, args, cache.get(key)))
                         meta.append((label, setting, work_h, factor, key))
-    # big tasks first so the two workers finish together
-    order = sorted(range(len(tasks)), key=lambda i: -(tasks[i][2] * tasks[i][3]
-                                                      * len(tasks[i][1]) ** 0.5))
-    if args.workers > 1:
-        with mp.get_context("fork").Pool(args.workers) as pool:
-            done = pool.map(run_one, [tasks[i] for i in order], chunksize=1)
-    else:
-        done = [run_one(tasks[i]) for i in order]
-    results: list[dict | None] = [None] * len(tasks)
-    for i, r in zip(order, done):
-        results[i] = r
+    results = run_biggest_first(run_one, tasks, args.workers,
+                                lambda t: t[2] * t[3] * len(t[1]) ** 0.5)
     for (_, _, _, _, key), r in zip(meta, results):
         if r is not None:
             cache[key] = r["opt_costs"]

@@ -30,7 +30,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import multiprocessing as mp
 import os
 import sys
 import time
@@ -261,16 +260,8 @@ def main() -> None:
                         key = bp._cache_key(label, pools, work_h, work_h * factor, args)
                         tasks.append((label, pools, work_h, factor, args, cache.get(key)))
                         meta.append((label, setting, work_h, factor, key))
-    order = sorted(range(len(tasks)), key=lambda i: -(tasks[i][2] * tasks[i][3]
-                                                      * 4 ** len(tasks[i][1])))
-    if args.workers > 1:
-        with mp.get_context("fork").Pool(args.workers) as pool:
-            done = pool.map(run_one, [tasks[i] for i in order], chunksize=1)
-    else:
-        done = [run_one(tasks[i]) for i in order]
-    results: list = [None] * len(tasks)
-    for i, r in zip(order, done):
-        results[i] = r
+    results = bp.run_biggest_first(run_one, tasks, args.workers,
+                                   lambda t: t[2] * t[3] * 4 ** len(t[1]))
     for (_, _, _, _, key), r in zip(meta, results):
         if r is not None:
             cache[key] = r["opt_costs"]
