@@ -65,17 +65,23 @@ class GroupActs:
         raise err
 
     def _fleet_ids(self, c: dict[str, Any], failed: list[tuple[str, str]]) -> list[str]:
+        resp = self._launch_call("create_fleet", c, failed)
+        return [] if resp is None else sorted(self._ids_from("create_fleet", resp, c["pools"],
+                                                             failed))
+
+    def _launch_call(self, method: str, c: dict[str, Any],
+                     failed: list[tuple[str, str]]) -> dict[str, Any] | None:
+        """One launch call; None when EC2 refused it for capacity (each pool noted in failed)."""
         try:
-            resp = self._call("create_fleet", **c["params"])
+            return self._call(method, **c["params"])
         except Exception as exc:
             code = error_code(exc)
-            if code in CAPACITY_CODES:
-                for pool in c["pools"]:
-                    self._record_capacity(pool, code)
-                    failed.append((pool, code))
-                return []
-            raise ec2_error(exc, "create_fleet") from None
-        return sorted(self._ids_from("create_fleet", resp, c["pools"], failed))
+            if code not in CAPACITY_CODES:
+                raise ec2_error(exc, method) from None
+            for pool in c["pools"]:
+                self._record_capacity(pool, code)
+                failed.append((pool, code))
+            return None
 
     def _ensure_placement_group(self, params: dict[str, Any]) -> None:
         try:

@@ -186,16 +186,9 @@ class AwsProvider(GroupActs):
             if method == "create_launch_template":
                 self._ensure_template(c["params"])
                 continue
-            try:
-                resp = self._call(method, **c["params"])
-            except Exception as exc:
-                code = error_code(exc)
-                if code in CAPACITY_CODES:
-                    for pool in c["pools"]:
-                        self._record_capacity(pool, code)
-                        failed.append((pool, code))
-                    continue
-                raise ec2_error(exc, method) from None
+            resp = self._launch_call(method, c, failed)
+            if resp is None:
+                continue
             ids = self._ids_from(method, resp, c["pools"], failed)
             if ids:
                 self._cleanup_template(plan)
