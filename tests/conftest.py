@@ -120,3 +120,14 @@ def local_market(market_factory: MarketFactory, tmp_path: Path) -> MarketClient:
     return market_factory(trace=trace, spot_price_usd_per_hour=0.9, time_scale=10.0)
 
 
+
+
+@pytest.fixture(scope="session")
+def reference_runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """Uninterrupted demo runs, one per argument string for the whole session (all workers)."""
+    from reference_run import ReferenceRuns
+    base = tmp_path_factory.getbasetemp()
+    shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    runs = ReferenceRuns(shared, tmp_path_factory.mktemp("reference"))
+    yield runs
+    runs.close()
