@@ -32,9 +32,10 @@ STEPS, HOLD_AT = 24, 12
 TORCHRUN = (f"{sys.executable} -m torch.distributed.run --nnodes=$SPOTRUN_NNODES "
             "--nproc-per-node=$SPOTRUN_GPUS --rdzv-backend=c10d "
             "--rdzv-endpoint=$SPOTRUN_RDZV_ENDPOINT --rdzv-id=$SPOTRUN_RDZV_ID train.py")
-# Dead peers leave the rendezvous after 2 s instead of 15 s (the agent adds is_host).
-JOB_ENV = ("{PET_RDZV_CONF: 'keep_alive_interval=1,keep_alive_max_attempt=%d,join_timeout=120',"
-           " OMP_NUM_THREADS: '1'}")
+# Dead peers leave the rendezvous after 2 s instead of 15 s (the agent adds is_host); an
+# elastic round starts 1 s (not 30 s) after it has its minimum, as in multinode_helpers.
+JOB_ENV = ("{PET_RDZV_CONF: 'keep_alive_interval=1,keep_alive_max_attempt=%d,join_timeout=120,"
+           "last_call_timeout=1', OMP_NUM_THREADS: '1'}")
 TOML = """
 [local]
 trace = "{trace}"
