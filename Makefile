@@ -4,6 +4,11 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
+# Two workers, one test module each at a time (module fixtures stay whole): most tests wait on
+# processes, so one worker leaves the second core idle. Modules go out in collection order,
+# which tests/conftest.py starts with the longest (xdist would sort them by test count).
+# TEST_WORKERS=0 runs in one process.
+TEST_WORKERS ?= 2
 
 .PHONY: install demo test bench clean
 
@@ -19,7 +24,7 @@ demo: install
 	SPOTRUN_HOME=$(CURDIR)/.demo $(VENV)/bin/spotrun demo
 
 test: install
-	$(PY) -m pytest -q $(PYTEST_ARGS)
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
 
 bench: install
 	$(PY) bench/policy.py

@@ -120,3 +120,39 @@ def local_market(market_factory: MarketFactory, tmp_path: Path) -> MarketClient:
     return market_factory(trace=trace, spot_price_usd_per_hour=0.9, time_scale=10.0)
 
 
+
+
+@pytest.fixture(scope="session")
+def reference_runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """Uninterrupted demo runs, one per argument string for the whole session (all workers)."""
+    from reference_run import ReferenceRuns
+    base = tmp_path_factory.getbasetemp()
+    shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    runs = ReferenceRuns(shared, tmp_path_factory.mktemp("reference"))
+    yield runs
+    runs.close()
+
+
+# The modules that took longest on a 2-core box (pytest --durations, summed per file), longest
+# first. Under xdist (`--dist loadfile`) they are handed out first, so that no worker is left
+# alone with a long module at the end; a module missing here only loses its head start.
+HEAVY_MODULES = [
+    "test_multinode_e2e.py", "test_e2e_local.py", "test_faults_db.py", "test_multinode_agent.py",
+    "test_chaos.py", "test_notify.py", "test_faults_runtime.py", "test_provider_contract.py",
+    "test_integrations_lightning.py", "test_outputs_e2e.py", "test_multinode_daemon.py",
+    "aws/test_aws_e2e.py", "test_daemon_faults.py", "test_torch_multinode.py",
+    "test_torch_notice.py", "test_torch_resume.py", "test_budget_e2e.py",
+    "test_integrations_hf.py", "test_audit_e2e.py",
+]
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under xdist, put the heavy modules first (a stable sort: the same order on every worker)."""
+    if not hasattr(config, "workerinput"):
+        return
+    rank = {name: i for i, name in enumerate(HEAVY_MODULES)}
+
+    def key(item: pytest.Item) -> int:
+        path = item.nodeid.split("::", 1)[0].removeprefix("tests/")
+        return rank.get(path, len(HEAVY_MODULES))
+    items.sort(key=key)

@@ -6,9 +6,6 @@ deterministic; everything else (market, instances, agent, checkpoints, store, SQ
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -23,6 +20,7 @@ from spotrun.states import AttemptState, EndReason, JobState
 
 from conftest import kill_leftovers, write_trace
 from polling import wait_for
+from reference_run import final_sha
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parent.parent
@@ -68,22 +66,8 @@ def e2e(tmp_home: Path, tmp_path: Path):
     kill_leftovers(tmp_home / "market")
 
 
-def reference_sha(tmp_path: Path) -> str:
-    """The final parameters of an uninterrupted run of the same job."""
-    out = subprocess.run([sys.executable, str(REPO / "configs" / "demo" / "train.py"),
-                          *TRAIN_ARGS.split(), "--checkpoint-uri",
-                          (tmp_path / "ref-ckpt").as_uri()],
-                         capture_output=True, text=True, timeout=300, cwd=tmp_path,
-                         env={k: v for k, v in os.environ.items()
-                              if not k.startswith("SPOTRUN_")})
-    assert out.returncode == 0, out.stderr[-2000:]
-    return _sha(out.stdout)
-
-
 def _sha(text: str) -> str:
-    lines = [ln for ln in text.splitlines() if ln.startswith("final-params-sha256: ")]
-    assert lines, text[-2000:]
-    return lines[-1].split(": ", 1)[1].strip()
+    return final_sha(text)
 
 
 def running_attempt(ctx, job_id: str, number: int, min_progress: int):
@@ -112,8 +96,9 @@ def job_log(ctx, job: Job) -> str:
     return "".join(store.get_bytes(k).decode() for k in keys)
 
 
-def test_reclaims_with_notice_resume_bitwise_identical(e2e, tmp_path):
+def test_reclaims_with_notice_resume_bitwise_identical(e2e, reference_runs):
     ctx, runner, spec = e2e
+    reference_runs.start(TRAIN_ARGS)   # the uninterrupted run, shared with other tests
     job = submit(validate_submission(spec, ctx.settings), ctx.engine)
     runner.start()
     client = ctx.provider.client
@@ -131,7 +116,7 @@ def test_reclaims_with_notice_resume_bitwise_identical(e2e, tmp_path):
     # Each new instance resumed from the checkpoint the notice triggered, not from zero.
     assert all(a.start_step > 0 for a in atts[1:])
     assert len({a.instance_id for a in atts}) == len(atts)
-    assert _sha(job_log(ctx, done)) == reference_sha(tmp_path)
+    assert _sha(job_log(ctx, done)) == reference_runs.sha(TRAIN_ARGS)
     # `spotrun logs` prints every attempt's output from the store, in order.
     from click.testing import CliRunner
     from spotrun.cli import cli
@@ -148,8 +133,9 @@ def test_reclaims_with_notice_resume_bitwise_identical(e2e, tmp_path):
                                          "recovering"] * 2 + ["running", "succeeded"]
 
 
-def test_kill_without_notice_resumes_from_periodic_checkpoint(e2e, tmp_path):
+def test_kill_without_notice_resumes_from_periodic_checkpoint(e2e, reference_runs):
     ctx, runner, spec = e2e
+    reference_runs.start(TRAIN_ARGS)
     job = submit(validate_submission(spec, ctx.settings), ctx.engine)
     runner.start()
     # Wait for a periodic checkpoint (every market minute = 1 wall s), then kill mid-step.
@@ -164,7 +150,7 @@ def test_kill_without_notice_resumes_from_periodic_checkpoint(e2e, tmp_path):
     first, second = atts[0], atts[1]
     assert first.end_reason is EndReason.RECLAIMED and first.notice_at is None
     assert 0 < second.start_step <= first.last_step
-    assert _sha(job_log(ctx, done)) == reference_sha(tmp_path)
+    assert _sha(job_log(ctx, done)) == reference_runs.sha(TRAIN_ARGS)
 
 
 def _job(ctx, job_id: str) -> Job:

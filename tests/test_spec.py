@@ -77,7 +77,14 @@ def _with(path: str, value, base: dict | None = None) -> dict:
     return raw
 
 
-_DELETE = object()
+class _Deleted:
+    """The field is removed (a stable repr: test ids must match across xdist workers)."""
+
+    def __repr__(self) -> str:
+        return "<deleted>"
+
+
+_DELETE = _Deleted()
 
 BAD = [
     ("name", _DELETE, "name"),

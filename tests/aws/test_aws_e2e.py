@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -49,20 +48,6 @@ DAEMON = DaemonSettings(schedule_interval_s=0.2, reconcile_interval_s=0.2,
                         liveness_interval_s=1.0, heartbeat_timeout_s=120.0)
 AGENT = AgentSettings(heartbeat_interval_s=0.2, notice_poll_interval_s=0.2,
                       log_flush_interval_s=0.5)
-
-
-@pytest.fixture
-def reference_run(tmp_path: Path) -> Iterator[subprocess.Popen]:
-    """An uninterrupted run of the same job, started first so it overlaps the daemon's."""
-    proc = subprocess.Popen(
-        [sys.executable, str(REPO / "configs" / "demo" / "train.py"), *TRAIN_ARGS.split(),
-         "--checkpoint-uri", (tmp_path / "ref-ckpt").as_uri()],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
-        env={k: v for k, v in os.environ.items() if not k.startswith("SPOTRUN_")})
-    yield proc
-    if proc.poll() is None:
-        proc.kill()
-        proc.communicate()
 
 
 @pytest.fixture
@@ -123,8 +108,9 @@ def _finished(ctx, job_id: str) -> Job | None:
 
 
 @pytest.mark.slow
-def test_reclaim_with_notice_resumes_from_s3_bitwise_identical(reference_run, aws_e2e, ec2):
+def test_reclaim_with_notice_resumes_from_s3_bitwise_identical(reference_runs, aws_e2e, ec2):
     ctx, runner, host, spec = aws_e2e
+    reference_runs.start(TRAIN_ARGS)   # overlaps the daemon's run; shared with other tests
     job = submit(validate_submission(spec, ctx.settings), ctx.engine)
     runner.start()
     first = wait_for(lambda: _attempt(ctx, job.id, 1, min_progress=60), 120,
@@ -162,9 +148,7 @@ def test_reclaim_with_notice_resumes_from_s3_bitwise_identical(reference_run, aw
         "Reservations"][0]["Instances"][0]
     assert state["State"]["Name"] == "terminated"
     assert state["StateReason"]["Code"] == "Client.InstanceInitiatedShutdown"
-    out, err = reference_run.communicate(timeout=300)
-    assert reference_run.returncode == 0, err[-2000:]
-    assert _sha(job_log(ctx, done)) == _sha(out)
+    assert _sha(job_log(ctx, done)) == reference_runs.sha(TRAIN_ARGS)
 
 
 def _has_cost_tags(tags: list[dict[str, str]], job_id: str, attempt: int) -> bool:
