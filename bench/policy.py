@@ -110,6 +110,14 @@ def run_one(task: tuple) -> dict | None:
             "vs_od": {n: s[n]["mean_cost_vs_on_demand"] for n in [*args.policies, OPTIMAL]}}
 
 
+def load_cache(path: Path | None) -> dict[str, np.ndarray]:
+    """The optimal costs saved by an earlier run (--optimal-cache); {} if none yet."""
+    if not path or not path.exists():
+        return {}
+    with np.load(path) as z:
+        return {k: z[k] for k in z.files}
+
+
 def run_biggest_first(fn, tasks: list, workers: int, size) -> list:
     """fn over tasks on `workers` processes, biggest first (the workers finish together);
     results in the tasks' order."""
@@ -142,10 +150,7 @@ def main() -> None:
     ap.add_argument("--policies", nargs="+", default=list(ONLINE))
     ap.add_argument("--json", type=Path, help="also write the figures to this file")
     args = ap.parse_args()
-    cache: dict[str, np.ndarray] = {}
-    if args.optimal_cache and args.optimal_cache.exists():
-        with np.load(args.optimal_cache) as z:
-            cache = {k: z[k] for k in z.files}
+    cache = load_cache(args.optimal_cache)
     t_start = time.monotonic()
     tasks, meta = [], []
     for label in args.traces:

@@ -240,10 +240,7 @@ def main() -> None:
     ap.add_argument("--policies", nargs="+", default=list(bp.RULES))
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
-    cache: dict[str, np.ndarray] = {}
-    if args.optimal_cache and args.optimal_cache.exists():
-        with np.load(args.optimal_cache) as z:
-            cache = {k: z[k] for k in z.files}
+    cache = bp.load_cache(args.optimal_cache)
     t_start = time.monotonic()
     tasks, meta = [], []
     for label in args.traces:
