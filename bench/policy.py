@@ -118,6 +118,17 @@ def load_cache(path: Path | None) -> dict[str, np.ndarray]:
         return {k: z[k] for k in z.files}
 
 
+def save_cache(path: Path | None, cache: dict[str, np.ndarray], meta: list,
+               results: list) -> None:
+    """Add this run's optimal costs to the cache and write it (no path: keep nothing)."""
+    for (_, _, _, _, key), r in zip(meta, results):
+        if r is not None:
+            cache[key] = r["opt_costs"]
+    if path:
+        with open(path, "wb") as f:
+            np.savez(f, **cache)
+
+
 def run_biggest_first(fn, tasks: list, workers: int, size) -> list:
     """fn over tasks on `workers` processes, biggest first (the workers finish together);
     results in the tasks' order."""
@@ -165,12 +176,7 @@ def main() -> None:
                         meta.append((label, setting, work_h, factor, key))
     results = run_biggest_first(run_one, tasks, args.workers,
                                 lambda t: t[2] * t[3] * len(t[1]) ** 0.5)
-    for (_, _, _, _, key), r in zip(meta, results):
-        if r is not None:
-            cache[key] = r["opt_costs"]
-    if args.optimal_cache:
-        with open(args.optimal_cache, "wb") as f:
-            np.savez(f, **cache)
+    save_cache(args.optimal_cache, cache, meta, results)
     table = aggregate(meta, results, args.policies)
     print_table(table, args)
     print(f"\nwall time: {time.monotonic() - t_start:.0f} s ({args.starts} starts per setting, "

@@ -259,12 +259,7 @@ def main() -> None:
                         meta.append((label, setting, work_h, factor, key))
     results = bp.run_biggest_first(run_one, tasks, args.workers,
                                    lambda t: t[2] * t[3] * 4 ** len(t[1]))
-    for (_, _, _, _, key), r in zip(meta, results):
-        if r is not None:
-            cache[key] = r["opt_costs"]
-    if args.optimal_cache:
-        with open(args.optimal_cache, "wb") as f:
-            np.savez(f, **cache)
+    bp.save_cache(args.optimal_cache, cache, meta, results)
     table = report(meta, results, args)
     print(f"\nwall time: {time.monotonic() - t_start:.0f} s ({args.starts} starts per setting, "
           f"{args.workers} workers)")
