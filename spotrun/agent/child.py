@@ -2,9 +2,10 @@
 
 The command runs under `bash -c` with SIGUSR1 ignored from its first instruction
 (set before exec; `trap ''` too where there is no preexec hook): a shell left
-waiting on a multi-command line would otherwise die of the interruption notice. Ignored signals pass to the shell's children as ignored,
-so a job that does not handle SIGUSR1 keeps running (the notice never kills
-it), and one that installs a handler (the training library does) gets it.
+waiting on a multi-command line would otherwise die of the interruption notice.
+Ignored signals pass to the shell's children as ignored, so a job that does not
+handle SIGUSR1 keeps running (the notice never kills it), and one that installs a
+handler (the training library does) gets it.
 
 A signal that lands before the job installed its handler is ignored, so the
 notice itself is also a file: the agent writes `SPOTRUN_NOTICE_FILE` (action,

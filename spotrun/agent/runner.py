@@ -194,6 +194,12 @@ class Agent(MultiNode):
                                 baseline)
         log.warning("checkpoint_then_stop", reason=reason)
 
+    def _ending_for(self) -> str | None:
+        """Why the agent is ending the attempt: a stop under way, or a save-then-stop asked."""
+        if self.stop_reason is not None or self._save_then_stop is None:
+            return self.stop_reason
+        return self._save_then_stop[0]
+
     def _check_save_then_stop(self) -> None:
         if self._save_then_stop is None or self.stop_reason is not None:
             return
@@ -300,7 +306,7 @@ class Agent(MultiNode):
         watcher.start()
         try:
             returncode = self._loop(shipper)
-            while self.multi and self.stop_reason is None and self.restart_wanted(returncode):
+            while self.multi and self._ending_for() is None and self.restart_wanted(returncode):
                 self.restart_command()
                 returncode = self._loop(shipper)
         finally:
@@ -350,8 +356,7 @@ class Agent(MultiNode):
         self._signal_child(signal.SIGKILL)
         code = exit_code_of(returncode)
         # A job that fails while asked to save and stop (budget) ended for that reason.
-        asked = self._save_then_stop[0] if self._save_then_stop is not None else None
-        reason = self.stop_reason or ("completed" if code == 0 else asked or "error")
+        reason = self.stop_reason or ("completed" if code == 0 else self._ending_for() or "error")
         self._check_emergency_save()
         if self._tee is not None and not self._tee.join():
             log.warning("job_output_still_open")   # an escaped process holds the pipe
