@@ -17,7 +17,7 @@ from spotrun.providers.local.market import imds
 
 def ImdsServer() -> "imds.ImdsServer":
     """An IMDSv2 on 127.0.0.1 for one agent: the project's one implementation
-    (spotrun.providers.local.market.imds.ImdsServer, the protocol the market serves). A test arms the
+    (market.imds.ImdsServer, the protocol the market serves). A test arms the
     spot notice or the rebalance hint; counters tell how the client behaved."""
     return imds.ImdsServer("i-0agenttest")
 

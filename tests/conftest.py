@@ -11,7 +11,8 @@ from typing import Any, Callable, Iterator
 import pytest
 
 from spotrun.providers.local.market import procs
-from spotrun.providers.local.market.client import MarketClient, ensure_market, read_live_info, stop_market
+from spotrun.providers.local.market.client import (MarketClient, ensure_market, read_live_info,
+                                                  stop_market)
 from spotrun.providers.local.market.options import MarketOptions
 from spotrun.providers.local.market.state import DB_FILE, MarketState
 

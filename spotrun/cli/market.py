@@ -10,7 +10,8 @@ from rich.console import Console
 from rich.table import Table
 
 from spotrun.cli.common import echo_json, get_settings, json_option
-from spotrun.providers.local.market.client import MarketClient, ensure_market, read_live_info, stop_market
+from spotrun.providers.local.market.client import (MarketClient, ensure_market, read_live_info,
+                                                  stop_market)
 from spotrun.providers.local.market.options import MarketOptions
 
 

@@ -14,7 +14,8 @@ from typing import Any, Callable, TypeVar
 
 from spotrun.catalog import Catalog, load_catalog
 from spotrun.errors import CapacityError, ProviderError
-from spotrun.providers.local.market.client import MarketClient, MarketRefused, ensure_market, read_live_info
+from spotrun.providers.local.market.client import (MarketClient, MarketRefused, ensure_market,
+                                                  read_live_info)
 from spotrun.providers.local.market.clock import SystemClock, WallClock, to_dt
 from spotrun.providers.local.market.options import MarketOptions
 from spotrun.providers.base import (TAG_ATTEMPT, TAG_JOB, TAG_MANAGED, TAG_NODE, InstanceInfo,

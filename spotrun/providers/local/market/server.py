@@ -236,7 +236,7 @@ class _Handler(BaseHTTPRequestHandler):
         return {"stopping": True}
 
 
-# The market's HTTP API: (method, path) -> handler. IMDS paths are served by spotrun.providers.local.market.imds.
+# The market's HTTP API: (method, path) -> handler. IMDS paths are served by imds.py.
 ROUTES: dict[tuple[str, str], Callable[[_Handler, list[str], dict[str, str]], Any]] = {
     ("GET", "health"): _Handler._health,
     ("GET", "time"): _Handler._time,
