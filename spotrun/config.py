@@ -11,7 +11,7 @@ import os
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import ConfigDict, Field, Strict
 
@@ -41,6 +41,13 @@ class LocalMarketSettings:
     start_tick: Int = 0             # trace tick at market start
     notice_s: Num = 120.0         # interruption notice lead time, market seconds
     spot_price_usd_per_hour: Num = 0.0  # used when there is no price file
+    # "rehearsal": real time (x1) while a job starts up, notice_wall_s per notice, time_scale
+    # otherwise (docs/local-provider.md); "fixed": time_scale always.
+    pacing: Literal["rehearsal", "fixed"] = "rehearsal"
+    startup_max_s: Num = 300.0    # wall seconds of real-time start-up at most per instance
+    notice_wall_s: Num = 20.0     # rehearsal: wall seconds an interruption notice lasts
+    boot_s: Num = 60.0            # market seconds an instance boots before its job starts
+    boot_s_by_type: dict[Str, Num] = field(default_factory=dict)   # per-type boot_s
 
 
 @dataclass(frozen=True)

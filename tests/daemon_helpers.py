@@ -58,11 +58,15 @@ for step in range(start + 1, total + 1):
 print("done", flush=True)
 '''
 
+# These tests time faults against a linear market clock: the fixed pacing keeps it linear
+# (tests/test_market_pacing.py, test_demo_e2e.py and test_rehearsal_startup.py cover the
+# default rehearsal pacing).
 FAST_TOML = """
 [local]
 trace = "{trace}"
 time_scale = {scale}
 notice_s = 120.0
+pacing = "fixed"
 [daemon]
 schedule_interval_s = 0.2
 reconcile_interval_s = 0.2

@@ -118,8 +118,8 @@ def test_unreachable_market_without_state_dir_is_a_provider_error() -> None:
 
 
 def test_group_launch_refused_midway_terminates_the_started_nodes(provider: LocalProvider) -> None:
-    # Seed 0 at one half: the first two launches pass, the third is refused for capacity.
-    provider.client.faults(capacity_fraction=0.5, seed=0)
+    # Seed 1 at one half: the first two launches pass, the third is refused for capacity.
+    provider.client.faults(capacity_fraction=0.5, seed=1)
     req = replace(_req("grp", Pool("p3.2xlarge", "za", Market.SPOT)), count=3,
                   node_ranks=(0, 1, 2))
     with pytest.raises(CapacityError):

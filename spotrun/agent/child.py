@@ -103,13 +103,15 @@ def notice_path(progress_file: Path) -> Path:
 
 
 def notice_deadline_unix_s(info: Mapping[str, Any], *, seen_wall_s: float, time_scale: float,
-                           notice_time: str | None = None, poll_wall_s: float = 0.0) -> float | None:
+                           notice_time: str | None = None, poll_wall_s: float = 0.0,
+                           notice_rate: float | None = None) -> float | None:
     """The termination time on this machine's wall clock (epoch s), or None if unknown.
 
     On AWS (time_scale 1) it is the IMDS `time`. The local market's `time` is on its
     own faster clock: then the window (termination - notice time, both market) is
     scaled to wall seconds from when the agent saw the notice, less one poll interval
-    (it may have been posted that much earlier).
+    (it may have been posted that much earlier). A paced market runs its notices at
+    notice_rate market seconds per wall second instead of time_scale.
     """
     end = parse_iso(str(info.get("time"))) if info.get("time") else None
     if end is None:
@@ -119,7 +121,7 @@ def notice_deadline_unix_s(info: Mapping[str, Any], *, seen_wall_s: float, time_
     start = parse_iso(notice_time) if notice_time else None
     if start is None or end < start:
         return None
-    return seen_wall_s + (end - start) / time_scale - poll_wall_s
+    return seen_wall_s + (end - start) / (notice_rate or time_scale) - poll_wall_s
 
 
 def write_notice_file(path: Path, info: Mapping[str, Any], *, seen_wall_s: float,
@@ -134,7 +136,8 @@ def write_notice_file(path: Path, info: Mapping[str, Any], *, seen_wall_s: float
 
 
 def record_notice(path: Path, info: Mapping[str, Any], *, seen_wall_s: float, time_scale: float,
-                  imds: Any = None, poll_wall_s: float = 0.0) -> float | None:
+                  imds: Any = None, poll_wall_s: float = 0.0,
+                  notice_rate: float | None = None) -> float | None:
     """Write the notice file for the job; returns the termination time it carries (or None).
 
     Never raises: the signal that follows must go out whatever happens here.
@@ -147,7 +150,8 @@ def record_notice(path: Path, info: Mapping[str, Any], *, seen_wall_s: float, ti
         except (SpotrunError, ValueError, AttributeError):
             notice_time = None
     end = notice_deadline_unix_s(info, seen_wall_s=seen_wall_s, time_scale=time_scale,
-                                 notice_time=notice_time, poll_wall_s=poll_wall_s)
+                                 notice_time=notice_time, poll_wall_s=poll_wall_s,
+                                 notice_rate=notice_rate)
     try:
         write_notice_file(path, info, seen_wall_s=seen_wall_s, terminate_at_unix_s=end)
     except OSError:
@@ -183,6 +187,26 @@ def signal_group(proc: subprocess.Popen, sig: int) -> bool:
         return True
     except (ProcessLookupError, PermissionError):
         return False
+
+
+TAIL_LINES = 5
+TAIL_MAX_BYTES = 2000
+
+
+def output_tail(log_path: Path, lines: int = TAIL_LINES,
+                max_bytes: int = TAIL_MAX_BYTES) -> str | None:
+    """The last non-blank lines of the command's output, for the exit report of a failure
+    (why a command that cannot start failed, without reading its logs); None if none."""
+    try:
+        with open(log_path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - 8 * max_bytes))
+            raw = f.read()
+    except OSError:
+        return None
+    kept = [line.rstrip() for line in raw.decode("utf-8", errors="replace").splitlines()
+            if line.strip()][-lines:]
+    return "\n".join(kept)[-max_bytes:] or None
 
 
 def exit_code_of(returncode: int) -> int:

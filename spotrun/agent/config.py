@@ -34,6 +34,10 @@ class AgentConfig:
     checkpoint_keep: int = 3
     imds_endpoint: str = "http://169.254.169.254"
     time_scale: float = 1.0           # market seconds per wall second (local provider)
+    # A paced local market (docs/local-provider.md): the agent reports when the job trains,
+    # and notices run at notice_time_scale market seconds per wall second.
+    report_phases: bool = False
+    notice_time_scale: float | None = None
     heartbeat_interval_s: float = 2.0
     notice_poll_interval_s: float = 5.0   # market seconds; the agent divides by time_scale
     log_flush_interval_s: float = 2.0

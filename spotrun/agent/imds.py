@@ -30,6 +30,7 @@ TOKEN_HEADER = "X-aws-ec2-metadata-token"
 INSTANCE_ACTION = "meta-data/spot/instance-action"
 REBALANCE = "meta-data/events/recommendations/rebalance"
 USER_DATA = "user-data"
+PHASE = "spotrun/phase"   # the local market's extension: the job trains / saved on the notice
 ENDPOINT_ENV = "SPOTRUN_IMDS_ENDPOINT"
 DEFAULT_ENDPOINT = "http://169.254.169.254"
 DISCOVERY_ENV = "SPOTRUN_IMDS_DISCOVERY"
@@ -140,3 +141,15 @@ class ImdsClient:
                 raise ProviderError(f"IMDS GET {path} failed: {exc}", field="imds",
                                     value=self.base_url) from None
         return None
+
+    def put(self, path: str, body: Mapping[str, object]) -> None:
+        """PUT JSON to /latest/<path> with the session token (the local market's phase report)."""
+        token = self.token()
+        data = json.dumps(dict(body)).encode()
+        try:
+            self._open(lambda base: urllib.request.Request(
+                f"{base}/latest/{path}", data=data, method="PUT",
+                headers={TOKEN_HEADER: token, "Content-Type": "application/json"}))
+        except (urllib.error.URLError, OSError) as exc:
+            raise ProviderError(f"IMDS PUT {path} failed: {exc}", field="imds",
+                                value=self.base_url) from None

@@ -65,13 +65,14 @@ class MultiNode:
                                   and self.membership.rank_of(self.instance_id or "") == 0)
 
     def notice_for_workers(self: "Agent") -> None:
-        """Ask for a save through the notice file: torchrun's workers never see SIGUSR1."""
-        if self.multi:
-            try:
-                write_notice_file(notice_path(self.paths.progress_path), {"action": "stop"},
-                                  seen_wall_s=self.clock.time(), terminate_at_unix_s=None)
-            except OSError as exc:
-                log.error("notice_file_failed", error=str(exc)[:200])
+        """Ask for a save through the notice file too: torchrun's workers never see SIGUSR1,
+        and a job busy in one long C call runs no signal handler until it returns, while the
+        library's watchdog reads the file."""
+        try:
+            write_notice_file(notice_path(self.paths.progress_path), {"action": "stop"},
+                              seen_wall_s=self.clock.time(), terminate_at_unix_s=None)
+        except OSError as exc:
+            log.error("notice_file_failed", error=str(exc)[:200])
 
     # ------------------------------------------------------------ membership
 
@@ -215,5 +216,7 @@ class MultiNode:
         self.start_command(self.base_env)
         if self.notice_raw is not None:   # this node is still going away: tell the new command
             record_notice(notice_path(self.paths.progress_path), self.notice_raw,
-                          seen_wall_s=self.clock.time(), time_scale=self.config.time_scale,
+                          seen_wall_s=self.clock.time(),
+                          time_scale=self.config.time_scale,
+                      notice_rate=self.config.notice_time_scale,
                           imds=self.imds, poll_wall_s=notice_poll_interval_wall_s(self.config))

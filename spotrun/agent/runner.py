@@ -17,14 +17,14 @@ from typing import Any, Mapping
 import structlog
 
 from spotrun import layout
-from spotrun.agent.child import (child_env, exit_code_of, notice_path, record_notice,
-                                 signal_group)
+from spotrun.agent.child import (child_env, exit_code_of, notice_path, output_tail,
+                                 record_notice, signal_group)
 from spotrun.checkpoints import checkpoint_step
 from spotrun.agent.clock import Clock, SystemClock, iso
 from spotrun.agent.config import AgentConfig
 from spotrun.agent.deadman import DeadmanSwitch
 from spotrun.agent.fence import AttemptFence, GuardedReporter, fenced_key, instance_identity
-from spotrun.agent.imds import ImdsClient, discovery_from_env, endpoint_for
+from spotrun.agent.imds import PHASE, ImdsClient, discovery_from_env, endpoint_for
 from spotrun.agent.logship import LogShipper, OutputTee
 from spotrun.agent.multinode import MultiNode
 from spotrun.agent.nodes import is_multi_node, signal_marked
@@ -32,6 +32,7 @@ from spotrun.agent.outputs import OutputUploader
 from spotrun.agent.notice import NoticeWatcher, notice_poll_interval_wall_s
 from spotrun.agent.progress import ProgressReader
 from spotrun.agent.setup import AgentPaths, prepare
+from spotrun.errors import SpotrunError
 from spotrun.reports import ExitReport, Heartbeat, Notice, dump
 from spotrun.secrets import ClientFactory, Redactor
 from spotrun.store import open_store
@@ -76,6 +77,7 @@ class Agent(MultiNode):
         self._notice_baseline: Any = None
         self._rebalance: str | None = None
         self._beat_now = False
+        self._phases_sent: set[str] = set()
         self.outputs: OutputUploader | None = None
         self._tee: OutputTee | None = None
         self.resumed_from: int | None = None   # the step of the checkpoint handed to the job
@@ -120,18 +122,31 @@ class Agent(MultiNode):
             # The checkpoint this attempt really restored (the daemon's plan may differ).
             resumed_from=self.resumed_from, **self.node_fields())))
 
-    def _write_exit(self, reason: str, exit_code: int | None, message: str | None = None) -> None:
+    def _write_exit(self, reason: str, exit_code: int | None, message: str | None = None,
+                    log_tail: str | None = None) -> None:
         self.reporter.put_json(self._report_key("exit"), dump(ExitReport(
             ts=iso(self.clock.time()), exit_code=exit_code, reason=reason,
             step=self.progress.read().get("step"), message=message[:500] if message else None,
-            **self.node_fields())))
+            log_tail=log_tail, **self.node_fields())))
+
+    def _failure_tail(self, code: int) -> str | None:
+        """A failed command's last output lines, redacted as its shipped logs are."""
+        if code == 0:
+            return None
+        tail = output_tail(self.paths.log_path)
+        if tail is None:
+            return None
+        redactor = Redactor(self.redact)
+        return (redactor.feed(tail.encode()) + redactor.finish()).decode("utf-8", "replace")
 
     # ------------------------------------------------------------ notice (notice thread)
 
     def _on_notice(self, info: dict[str, Any]) -> None:
         # The file first: a job that cannot take the signal yet reads it when its library starts.
         record_notice(notice_path(self.paths.progress_path), info, seen_wall_s=self.clock.time(),
-                      time_scale=self.config.time_scale, imds=self.imds,
+                      time_scale=self.config.time_scale,
+                      notice_rate=self.config.notice_time_scale,
+                      imds=self.imds,
                       poll_wall_s=notice_poll_interval_wall_s(self.config))
         self.notice_raw = dict(info)   # written again if the command restarts
         signalled = self._signal_child(signal.SIGUSR1)
@@ -166,6 +181,24 @@ class Agent(MultiNode):
             self._notice.update(emergency_checkpoint_step=step, emergency_save_s=took)
             self.reporter.put_json(self._report_key("notice"), dump(Notice(**self._notice)))
         log.info("emergency_checkpoint_seen", step=step, save_s=took)
+
+    # ------------------------------------------------------------ a paced market's phases
+
+    def _report_phases(self) -> None:
+        """Tell a paced local market once the job trains past its resume step."""
+        if not self.config.report_phases or "training" in self._phases_sent:
+            return
+        step = self.progress.read().get("step")
+        if step is not None and (self.resumed_from is None or step > self.resumed_from):
+            self._send_phase("training")
+
+    def _send_phase(self, phase: str) -> None:
+        try:
+            self.imds.put(PHASE, {"phase": phase})
+        except SpotrunError as exc:   # the market keeps its clock at x1: tried again next tick
+            log.warning("phase_report_failed", phase=phase, error=str(exc)[:200])
+            return
+        self._phases_sent.add(phase)
 
     # ------------------------------------------------------------ stopping
 
@@ -332,6 +365,7 @@ class Agent(MultiNode):
                 next_control = now + cfg.control_poll_interval_s
             self._check_emergency_save()
             self._check_save_then_stop()
+            self._report_phases()
             if now >= next_beat or self._beat_now:
                 self._beat_now = False
                 self.heartbeat("running")
@@ -364,9 +398,10 @@ class Agent(MultiNode):
             self.outputs.join()
             self.outputs.upload_safely("exit")
         shipper.flush(final=True)
+        tail = self._failure_tail(code)
         self._remove_local_log(shipper)
         self.heartbeat("exited")
-        self._write_exit(reason, code)
+        self._write_exit(reason, code, log_tail=tail)
         log.info("agent_exit", reason=reason, exit_code=code, log_segments=shipper.seq,
                  failed_writes=self.reporter.failed_writes)
         self._shutdown()

@@ -10,6 +10,7 @@ from rich.console import Console
 from rich.table import Table
 
 from spotrun.cli.common import echo_json, get_settings, json_option
+from spotrun.errors import BadInputError
 from spotrun.providers.local.market.client import (MarketClient, ensure_market, read_live_info,
                                                   stop_market)
 from spotrun.providers.local.market.options import MarketOptions
@@ -29,6 +30,16 @@ def _market_options(fn: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--spot-price", type=float, help="Flat spot USD/h (overrides --prices)."),
         click.option("--region", help="Region for on-demand prices."),
         click.option("--grace-s", type=float, help="Wall seconds from SIGTERM to SIGKILL."),
+        click.option("--pacing", type=click.Choice(["rehearsal", "fixed"]),
+                     help="rehearsal: real time while a job starts, slower during notices."),
+        click.option("--startup-max-s", type=float,
+                     help="Wall seconds an instance's start-up may hold the clock at x1."),
+        click.option("--boot-s", type=float,
+                     help="Market seconds an instance boots before its job starts."),
+        click.option("--boot-s-for", "boot_s_for", multiple=True, metavar="TYPE=SECONDS",
+                     help="Boot time of one instance type (repeat)."),
+        click.option("--notice-wall-s", type=float,
+                     help="Rehearsal pacing: wall seconds an interruption notice lasts."),
         click.option("--instance-command", hidden=True,
                      help="Tests only: run this instead of the agent."),
     ]
@@ -39,11 +50,26 @@ def _market_options(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 def _resolve(state_dir: Path | None, **given: Any) -> tuple[Path, MarketOptions]:
     settings = get_settings()
+    if given.get("boot_s_for"):
+        given["boot_s_by_type"] = _boot_pairs(given["boot_s_for"])
+    given.pop("boot_s_for", None)
     names = {"pools": "pools", "spot_price": "spot_price_usd_per_hour"}
     overrides = {names.get(k, k): (tuple(v) if k == "pools" else v) for k, v in given.items()
                  if v is not None and v != ()}
     options = MarketOptions.from_settings(settings, **overrides).validate()
     return (state_dir or settings.home_path / "market").resolve(), options
+
+
+def _boot_pairs(items: tuple[str, ...]) -> tuple[tuple[str, float], ...]:
+    """`TYPE=SECONDS` options as (type, seconds) pairs; one bad item is a BadInputError."""
+    pairs = []
+    for item in items:
+        itype, _, seconds = item.partition("=")
+        try:
+            pairs.append((itype.strip(), float(seconds)))
+        except ValueError:
+            raise BadInputError("expected TYPE=SECONDS", field="boot_s_for", value=item) from None
+    return tuple(sorted(pairs))
 
 
 @click.group(name="market")

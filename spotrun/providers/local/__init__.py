@@ -39,6 +39,16 @@ def _zones(settings: Any) -> list[str]:
     return pools
 
 
+def _agent_extras(settings: Any) -> dict[str, Any]:
+    """A paced market hears from the agent when the job trains, and runs its notices at their
+    own rate (docs/local-provider.md): the agent times the job's deadline by it."""
+    if settings.local.pacing != "rehearsal":
+        return {}
+    from spotrun.providers.local.market.options import MarketOptions
+    return {"report_phases": True,
+            "notice_time_scale": MarketOptions.from_settings(settings).notice_rate()}
+
+
 def _make(settings: Any, **kw: Any) -> Any:
     from spotrun.providers.local.provider import LocalProvider
     return LocalProvider.from_settings(settings, **kw)
@@ -52,5 +62,8 @@ def _truth(settings: Any) -> Any:
 FACTS = ProviderFacts(
     name="local", make=_make, known_zones=_zones,
     time_scale=lambda st: float(st.local.time_scale), billed_volume_gb=lambda st: 0.0,
-    agent_extras=lambda st: {}, clock_name="market", billing_rules=lambda: LOCAL_RULES,
-    market_truth=_truth)
+    agent_extras=_agent_extras, clock_name="market", billing_rules=lambda: LOCAL_RULES,
+    market_truth=_truth,
+    # The market posts a notice `local.notice_s` before every reclaim, except one asked for
+    # with `spotrun interrupt --no-notice` or one that comes sooner after launch than that.
+    notice_window_s=lambda st: float(st.local.notice_s), notice_prior=0.99)

@@ -16,7 +16,8 @@ from spotrun.catalog import Catalog, load_catalog
 from spotrun.errors import CapacityError, ProviderError
 from spotrun.providers.local.market.client import (MarketClient, MarketRefused, ensure_market,
                                                   read_live_info)
-from spotrun.providers.local.market.clock import SystemClock, WallClock, to_dt
+from spotrun.providers.local.market.clock import (CLOCK_FILE, MarketClock, SystemClock, WallClock,
+                                                 read_clock_file, to_dt)
 from spotrun.providers.local.market.options import MarketOptions
 from spotrun.providers.base import (TAG_ATTEMPT, TAG_JOB, TAG_MANAGED, TAG_NODE, InstanceInfo,
                                     LaunchPlan, LaunchRequest, Pool, PricePoint)
@@ -41,6 +42,12 @@ class PoolView:
     available: bool
     spot_price_usd_per_hour: float | None
     on_demand_price_usd_per_hour: float | None
+
+
+def _stamp(path: Path) -> tuple[int, int]:
+    """Identity of a file version: each atomic rewrite is a new inode."""
+    st = path.stat()
+    return st.st_ino, st.st_mtime_ns
 
 
 def _dt(value: str | None) -> datetime | None:
@@ -80,6 +87,7 @@ class LocalProvider:
         self.catalog = catalog or load_catalog()
         self.wall = wall or SystemClock()
         self._clock: dict[str, Any] | None = None
+        self._clock_file: tuple[tuple[int, int], MarketClock] | None = None
 
     @classmethod
     def from_settings(cls, settings: Any, **kw: Any) -> "LocalProvider":
@@ -115,11 +123,34 @@ class LocalProvider:
         return sorted({p["zone"] for p in self._call(lambda c: c.pools())})
 
     def now(self) -> datetime:
-        """Market time, computed from the market's clock parameters (no call per read)."""
+        """Market time, computed from the clock the market publishes (no call per read)."""
+        clock = self._market_clock()
+        if clock is not None:
+            return to_dt(clock.market_s(self.wall.time()))
         if self._clock is None:
             self._clock = self._call(lambda c: c.time())
         epoch = float(self._clock["epoch_wall_s"])
         return to_dt(epoch + (self.wall.time() - epoch) * float(self._clock["time_scale"]))
+
+    def _market_clock(self) -> MarketClock | None:
+        """The state dir's clock.json, re-read only when the market rewrote it (a rate change)."""
+        if self.state_dir is None:
+            return None
+        path = self.state_dir / CLOCK_FILE
+        try:
+            stamp = _stamp(path)
+        except OSError:
+            self.client   # starts the market, which writes the file
+            try:
+                stamp = _stamp(path)
+            except OSError:
+                return None
+        if self._clock_file is None or self._clock_file[0] != stamp:
+            clock = read_clock_file(path, self.wall)
+            if clock is None:
+                return None
+            self._clock_file = (stamp, clock)
+        return self._clock_file[1]
 
     def plan_launch(self, request: LaunchRequest) -> LaunchPlan:
         """Pure: the POST /instances that launch() would send (one per instance of a group,

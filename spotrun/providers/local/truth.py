@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from spotrun.providers.local.market.book import MarketBook
-from spotrun.providers.local.market.clock import MarketClock, SystemClock, to_dt
+from spotrun.providers.local.market.clock import (CLOCK_FILE, MarketClock, SystemClock,
+                                                 read_clock_file, to_dt)
 from spotrun.providers.local.market.options import MarketOptions
 from spotrun.providers.local.market.state import DB_FILE, MarketState
 
@@ -43,8 +44,9 @@ class LocalMarketTruth:
             return None
         options = MarketOptions.from_dict(json.loads(raw))
         book = options.load_book()
+        paced = read_clock_file(Path(state_dir) / CLOCK_FILE, SystemClock())
         clock = MarketClock(float(epoch), options.time_scale, options.start_tick,
-                            book.trace.tick_s, SystemClock())
+                            book.trace.tick_s, SystemClock(), paced.segments if paced else [])
         return cls(book=book, clock=clock)
 
     @classmethod
@@ -65,5 +67,5 @@ class LocalMarketTruth:
         return self.book.spot_price(instance_type, zone, self.clock.position(at.timestamp()))
 
     def provider_time(self, wall: datetime) -> datetime:
-        """Market time at a wall time (the market runs time_scale times faster)."""
+        """Market time at a wall time (the market's clock as it really ran)."""
         return to_dt(self.clock.market_s(wall.timestamp()))

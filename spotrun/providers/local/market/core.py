@@ -19,7 +19,8 @@ from typing import Any
 
 from spotrun.errors import BadInputError
 from spotrun.providers.local.market import procs
-from spotrun.providers.local.market.clock import MarketClock, SystemClock, WallClock
+from spotrun.providers.local.market.clock import (CLOCK_FILE, MarketClock, SystemClock, WallClock,
+                                                 read_clock_file)
 from spotrun.providers.local.market.imds import TokenMinter
 from spotrun.providers.local.market.options import MarketOptions
 from spotrun.providers.local.market.state import InstanceRecord, MarketState
@@ -35,7 +36,10 @@ POLL_S = 0.1           # longest wall wait between watcher passes
 # ran, and is billed, until then. Within it, the reclaim time itself (watcher latency).
 LATE_RECLAIM_WALL_S = 1.0
 _DEFINING = ("trace", "prices", "pools", "instance_type", "time_scale", "start_tick", "notice_s",
-             "spot_price_usd_per_hour", "region")
+             "spot_price_usd_per_hour", "region", "pacing")
+# What an instance's agent reports to a paced market (PUT latest/spotrun/phase): the job
+# trains, so its start-up is over.
+PHASES = ("training",)
 
 
 class LaunchRefused(Exception):
@@ -72,8 +76,14 @@ class Market:
             self.state.set_meta("epoch_wall_s", epoch)
         secret = self.state.get_meta("secret") or secrets.token_hex(32)
         self.state.set_meta("secret", secret)
+        stored_clock = read_clock_file(self.dir / CLOCK_FILE, self.wall)
         self.clock = MarketClock(float(epoch), options.time_scale, options.start_tick,
-                                 self.book.trace.tick_s, self.wall)
+                                 self.book.trace.tick_s, self.wall,
+                                 stored_clock.segments if stored_clock else [])
+        self._write_clock()
+        # Paced markets: the launch wall time of each instance whose job has not reported
+        # training yet. In memory: instances adopted after a restart count as training.
+        self._starting: dict[str, float] = {}
         self.minter = TokenMinter(secret.encode(), self.wall.time)
         self.imds_base = ""          # set by the server once its port is known
         self._children: dict[str, subprocess.Popen[bytes]] = {}
@@ -169,10 +179,12 @@ class Market:
             env[IMDS_DISCOVERY_ENV] = str((self.dir / "market.json").resolve())
         popen = procs.spawn(self._argv(ud_path), cwd=disk, env=env, log_path=disk / "console.log")
         self._children[iid] = popen
+        self._starting[iid] = self.wall.time()
         threading.Thread(target=self._wait_child, args=(iid, popen), daemon=True).start()
         rec = rec.with_(state=InstanceState.RUNNING, pid=popen.pid,
                         pid_start_ticks=procs.start_ticks(popen.pid))
         self.state.save(rec)
+        self._pace(self.wall.time())
         self._wake.set()
         return rec
 
@@ -249,7 +261,47 @@ class Market:
             for rec in self.state.all(live_only=True):
                 wait = min(wait, self._step_one(rec, now, now_wall))
             self._reap()
+            self._pace(now_wall)
         return max(wait, 0.0)
+
+    # ---- pacing (docs/local-provider.md) -------------------------------------------------
+    def report_phase(self, instance_id: str, phase: str) -> None:
+        """An instance's agent says its job trains (its start-up is over)."""
+        if phase not in PHASES:
+            raise BadInputError(f"must be one of {', '.join(PHASES)}", field="phase", value=phase)
+        with self._lock:
+            self._starting.pop(instance_id, None)
+            self._pace(self.wall.time())
+        self._wake.set()
+
+    def _rate_for(self, rec: InstanceRecord, now: float, now_wall: float) -> float:
+        """The fastest the clock may run for this instance now."""
+        started = self._starting.get(rec.instance_id)
+        if started is not None and now_wall - started < self.options.startup_max_s:
+            if now < rec.launched_at + self.options.boot_s_of(rec.instance_type):
+                return self.options.time_scale   # the OS boots: market time, nothing real to wait for
+            return 1.0   # the job starts: imports, data loading, restore take real time
+        if rec.notice_at is not None and rec.reclaim_at is not None and now >= rec.notice_at:
+            return self.options.notice_rate()   # its saves need the wall time they need
+        return self.options.time_scale
+
+    def _pace(self, now_wall: float) -> None:
+        """Set the clock's rate for what the live instances do now (rehearsal pacing only)."""
+        if self.options.pacing != "rehearsal":
+            return
+        now = self.clock.market_s(now_wall)
+        live = [r for r in self.state.all(live_only=True) if r.state is InstanceState.RUNNING]
+        rate = min([self._rate_for(r, now, now_wall) for r in live]
+                   + [self.options.time_scale])
+        if self.clock.set_rate(rate, now_wall):
+            self._write_clock()
+
+    def _write_clock(self) -> None:
+        """clock.json: the provider, the audit and a restarted market compute time from it."""
+        path = self.dir / CLOCK_FILE
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(self.clock.to_json()), encoding="utf-8")
+        os.replace(tmp, path)
 
     def _alive(self, rec: InstanceRecord) -> bool:
         if rec.instance_id in self._exited_wall:
@@ -285,7 +337,9 @@ class Market:
                 self._end(rec, TerminationCause.USER, now, kill=True)
             return max(left, 0.0)
         if rec.reclaim_at is not None and rec.state is InstanceState.RUNNING:
-            return self.clock.wall_s(rec.reclaim_at) - now_wall
+            due = rec.reclaim_at if rec.notice_at is None or now >= rec.notice_at \
+                else rec.notice_at   # a paced clock slows down from the notice on
+            return self.clock.wall_s(due) - now_wall
         return POLL_S
 
     def _end(self, rec: InstanceRecord, cause: TerminationCause, ended_at: float,
@@ -297,6 +351,7 @@ class Market:
                                       signal.SIGKILL)
         self.state.save(rec.with_(state=InstanceState.TERMINATED, cause=cause,
                                   ended_at=max(ended_at, rec.launched_at)))
+        self._starting.pop(rec.instance_id, None)
 
     def _reap(self) -> None:
         for iid in list(self._children):

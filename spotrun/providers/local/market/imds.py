@@ -30,6 +30,8 @@ TOKEN_HEADER = "X-aws-ec2-metadata-token"
 MAX_TTL_S = 21600
 ACTION_PATH = "latest/meta-data/spot/instance-action"
 REBALANCE_PATH = "latest/meta-data/events/recommendations/rebalance"
+# Not AWS: a paced local market learns here when a job trains or has saved on its notice.
+PHASE_PATH = "latest/spotrun/phase"
 
 
 @dataclass(frozen=True)

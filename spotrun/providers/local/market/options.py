@@ -16,6 +16,7 @@ from spotrun.traces import Trace, load_prices, load_trace
 
 DEMO_TRACE = "p3.2xlarge_4az_demo.csv"
 DEMO_PRICES = "p3.2xlarge_4az_demo_prices.csv"
+PACINGS = ("rehearsal", "fixed")
 
 
 def packaged_trace(name: str) -> Path:
@@ -38,6 +39,11 @@ class MarketOptions:
     region: str = "us-east-1"
     grace_s: float = 5.0             # wall seconds between SIGTERM and SIGKILL on terminate
     instance_command: str = ""       # tests only: replaces `python -m spotrun agent ...`
+    pacing: str = "fixed"            # "rehearsal": slower during start-ups and notices
+    startup_max_s: float = 300.0     # wall seconds an unready instance keeps the clock at x1
+    notice_wall_s: float = 20.0      # rehearsal: wall seconds a notice lasts (<= notice_s)
+    boot_s: float = 0.0              # rehearsal: market seconds an instance boots (fast)
+    boot_s_by_type: tuple[tuple[str, float], ...] = ()   # per-type boot_s
 
     def validate(self) -> "MarketOptions":
         """Check ranges; raises BadInputError naming the option."""
@@ -46,12 +52,32 @@ class MarketOptions:
         for name in ("notice_s", "spot_price_usd_per_hour", "grace_s"):
             if getattr(self, name) < 0:
                 raise BadInputError("must be >= 0", field=name, value=getattr(self, name))
+        if self.pacing not in PACINGS:
+            raise BadInputError(f"must be one of {', '.join(PACINGS)}", field="pacing",
+                                value=self.pacing)
+        for name in ("startup_max_s", "notice_wall_s", "boot_s"):
+            if getattr(self, name) < 0:
+                raise BadInputError("must be >= 0", field=name, value=getattr(self, name))
+        for itype, seconds in self.boot_s_by_type:
+            if seconds < 0:
+                raise BadInputError("must be >= 0", field=f"boot_s_by_type.{itype}",
+                                    value=seconds)
         if self.start_tick < 0:
             raise BadInputError("must be >= 0", field="start_tick", value=self.start_tick)
         if self.instance_type not in load_catalog():
             raise BadInputError("not in the catalog", field="instance_type",
                                 value=self.instance_type)
         return self
+
+    def boot_s_of(self, instance_type: str) -> float:
+        """Market seconds an instance of this type boots before its job starts."""
+        return dict(self.boot_s_by_type).get(instance_type, self.boot_s)
+
+    def notice_rate(self) -> float:
+        """Market seconds per wall second while a paced market serves a notice."""
+        if self.notice_wall_s <= 0 or self.notice_s <= 0:
+            return self.time_scale
+        return min(self.time_scale, max(1.0, self.notice_s / self.notice_wall_s))
 
     def trace_path(self) -> Path:
         """The availability CSV to replay."""
@@ -83,7 +109,11 @@ class MarketOptions:
         """The `spotrun market serve` options that reproduce these."""
         argv = ["--time-scale", repr(self.time_scale), "--start-tick", str(self.start_tick),
                 "--notice-s", repr(self.notice_s), "--instance-type", self.instance_type,
-                "--region", self.region, "--grace-s", repr(self.grace_s)]
+                "--region", self.region, "--grace-s", repr(self.grace_s),
+                "--pacing", self.pacing, "--startup-max-s", repr(self.startup_max_s),
+                "--notice-wall-s", repr(self.notice_wall_s), "--boot-s", repr(self.boot_s)]
+        for itype, seconds in self.boot_s_by_type:
+            argv += ["--boot-s-for", f"{itype}={seconds!r}"]
         if self.trace:
             argv += ["--trace", str(self.trace_path())]
         if self.prices:
@@ -107,6 +137,10 @@ class MarketOptions:
         kw = {k: v for k, v in raw.items() if k in known}
         if "pools" in kw:
             kw["pools"] = tuple(kw["pools"])
+        if "boot_s_by_type" in kw:
+            pairs = kw["boot_s_by_type"]
+            pairs = pairs.items() if isinstance(pairs, dict) else pairs
+            kw["boot_s_by_type"] = tuple(sorted((str(t), float(s)) for t, s in pairs))
         return cls(**kw)
 
     @classmethod
@@ -117,5 +151,7 @@ class MarketOptions:
                    instance_type=local.instance_type, time_scale=local.time_scale,
                    start_tick=local.start_tick, notice_s=local.notice_s,
                    spot_price_usd_per_hour=local.spot_price_usd_per_hour,
-                   region=settings.region)
+                   region=settings.region, pacing=local.pacing,
+                   startup_max_s=local.startup_max_s, notice_wall_s=local.notice_wall_s,
+                   boot_s=local.boot_s, boot_s_by_type=tuple(sorted(local.boot_s_by_type.items())))
         return cls.from_dict({**asdict(base), **overrides})

@@ -56,7 +56,9 @@ class Faults:
     def __init__(self) -> None:
         import random
         self.lock = threading.Lock()
-        self.rng = random.Random(0)
+        # One generator per fault: which launches are refused must not depend on how many
+        # other calls (timing-dependent polls) drew before them.
+        self.rngs = {kind: random.Random(f"0:{kind}") for kind in ("throttled", "refused")}
         self.throttle_fraction = 0.0
         self.capacity_fraction = 0.0
         self.counts = {"throttled": 0, "refused": 0}
@@ -70,14 +72,15 @@ class Faults:
                 if not 0.0 <= value <= 1.0:
                     raise BadInputError("must be between 0 and 1", field=key, value=value)
                 setattr(self, key, value)
-            self.rng = random.Random(int(_num(body, "seed", 0.0)))
+            seed = int(_num(body, "seed", 0.0))
+            self.rngs = {kind: random.Random(f"{seed}:{kind}") for kind in self.rngs}
             return self.view()
 
     def hit(self, kind: str) -> bool:
         """Draw once: should this call fail with the fault `kind`?"""
         with self.lock:
             frac = self.throttle_fraction if kind == "throttled" else self.capacity_fraction
-            if frac <= 0 or self.rng.random() >= frac:
+            if frac <= 0 or self.rngs[kind].random() >= frac:
                 return False
             self.counts[kind] += 1
             return True
@@ -166,9 +169,25 @@ class _Handler(BaseHTTPRequestHandler):
         rec = m.state.get(instance_id)
         user_data = m.user_data(instance_id) if rest == "latest/user-data" else None
         headers = {k.lower(): v for k, v in self.headers.items()}   # names are case-insensitive
+        if rest == imds.PHASE_PATH and method == "PUT":
+            self._phase(instance_id, rec, headers)
+            return
         reply = imds.handle(method, rest, headers, imds.metadata_of(rec, user_data, m.now_s()),
                             m.minter)
         self._send(reply.status, reply.body, reply.content_type)
+
+    def _phase(self, instance_id: str, rec: InstanceRecord | None,
+               headers: dict[str, str]) -> None:
+        """The local market's one IMDS extension: the agent reports its job's phase."""
+        m = self.server.market
+        if rec is None or rec.state.is_terminal():
+            self._send(404, "Not Found", "text/plain")
+            return
+        if not m.minter.valid(instance_id, headers.get(imds.TOKEN_HEADER.lower())):
+            self._send(401, "Unauthorized", "text/plain")
+            return
+        m.report_phase(instance_id, str(self._body().get("phase")))
+        self._json(200, {"instance_id": instance_id, "rate": m.clock.rate()})
 
     def _api(self, method: str, parts: list[str], q: dict[str, str]) -> None:
         # `instances/<id>/terminate` is the one route with a parameter: match it by shape.
@@ -308,6 +327,7 @@ def time_json(m: Market) -> dict[str, Any]:
     return {"now": to_iso(now), "now_s": now, "epoch_wall_s": m.clock.epoch_wall_s,
             "time_scale": m.clock.time_scale, "start_tick": m.clock.start_tick,
             "tick_s": m.clock.tick_s, "position": m.clock.position(now),
+            "rate": m.clock.rate(), "pacing": m.options.pacing,
             "trace_rows": m.book.rows}
 
 
