@@ -10,8 +10,9 @@ from typing import Any
 import pytest
 
 from spotrun.catalog import load_catalog, parse_catalog
-from spotrun.costmodel import (CatalogPrices, JobStats, NoHistory, PoolStats, Priors, ScalingCurve,
-                               StaticHistory, ZonePrior, progress_fraction, young_daly_interval_s)
+from spotrun.costmodel import (CatalogPrices, JobStats, NoHistory, NoticePrior, PoolStats, Priors,
+                               ScalingCurve, StaticHistory, ZonePrior, progress_fraction,
+                               young_daly_interval_s)
 from decide_helpers import rank_candidates
 from spotrun.errors import SpecError
 from spotrun.spec import parse_spec
@@ -76,8 +77,8 @@ def test_72h_on_demand_vs_85h_spot_costs_52_percent_less() -> None:
     spec = _spec(cat, work={"reference_hours": 72, "reference_instance": "big.x"},
                  checkpoint={"interval_minutes": 750})
     priors = Priors(zones={"r-1a": ZonePrior(up_hours=42.25, reclaims=1)}, restart_s=900,
-                    notice_caught=0.0, checkpoint_min_s=0.0)
-    plan = _rank(spec, cat, priors=priors)
+                    checkpoint_min_s=0.0)
+    plan = _rank(spec, cat, priors=priors, notice=NoticePrior(window_s=0.0, prior=0.0))
     spot = next(c for c in plan.candidates if c.market is Market.SPOT)
     assert plan.candidates[0] is spot
     assert plan.reference.expected_hours == pytest.approx(72.0)
@@ -138,15 +139,15 @@ def test_young_daly_matches_formula_and_is_the_recommended_interval() -> None:
 
 def test_progress_fraction_terms() -> None:
     base = dict(mtbf_h=2.0, restart_s=600.0, checkpoint_cost_s=30.0, interval_s=900.0)
-    missed = progress_fraction(notice_caught=0.0, **base)
-    caught = progress_fraction(notice_caught=1.0, **base)
+    missed = progress_fraction(lost_per_reclaim_s=450.0, **base)
+    caught = progress_fraction(lost_per_reclaim_s=0.0, **base)
     keep = 900 / 930
     assert caught == pytest.approx(keep * 7200 / 7800)
     assert missed == pytest.approx(keep * (7200 - 450) / 7800)
     assert progress_fraction(mtbf_h=None, restart_s=600, checkpoint_cost_s=30, interval_s=900,
-                             notice_caught=0.0) == pytest.approx(keep)
+                             lost_per_reclaim_s=450.0) == pytest.approx(keep)
     assert progress_fraction(mtbf_h=0.01, restart_s=600, checkpoint_cost_s=30, interval_s=900,
-                             notice_caught=0.0) == 0.0
+                             lost_per_reclaim_s=450.0) == 0.0
 
 
 def test_rates_only_without_work() -> None:

@@ -37,7 +37,8 @@ def _spec_file(tmp: Path, name: str, body: str) -> Path:
 
 
 def _plan(home: Path, path: Path) -> dict:
-    res = _run(home, "plan", str(path), "--json")
+    # The model's figures on the catalog's prices (--offline): no cloud is called.
+    res = _run(home, "plan", "--offline", str(path), "--json")
     assert res.exit_code == 0, res.output
     return json.loads(res.output)
 
@@ -76,6 +77,15 @@ def test_eight_gpus_follow_the_scaling_table(home: Path, tmp_path: Path) -> None
      "resources.instance_types", ["types that can", "p5e"]),
     ("late", "work: {reference_hours: 500, reference_instance: p3.2xlarge}\n"
              "policy: {deadline_hours: 2}\n", "policy.deadline", ["fastest"]),
+    # Issue 22: a 140 s save cannot fit the 2-minute notice, and one periodic save in 10 h
+    # loses a whole up stretch per reclaim: no spot pool ever keeps progress (was: queued
+    # forever). `auto` without a deadline never pays on-demand, so it cannot run either.
+    ("unsaved", "model: {params_billion: 10}\nresources: {gpu_memory_gb: 20}\n"
+                "checkpoint: {interval_minutes: 600}\npolicy: {market: spot}\n", "policy.market",
+     ["no spot pool keeps progress", "do not fit the 120 s notice", "on-demand"]),
+    ("unsaved-auto", "model: {params_billion: 10}\nresources: {gpu_memory_gb: 20}\n"
+                     "checkpoint: {interval_minutes: 600}\npolicy: {market: auto}\n",
+     "policy.market", ["no spot pool keeps progress", "policy.deadline"]),
 ])
 def test_never_runs_exits_2_with_the_reason_and_writes_nothing(
         home: Path, tmp_path: Path, name: str, body: str, field: str, words: list[str]) -> None:
@@ -88,6 +98,19 @@ def test_never_runs_exits_2_with_the_reason_and_writes_nothing(
             assert w in res.output, (w, res.output)
         assert len(res.output.strip().splitlines()) == 1
     assert sorted(p.name for p in home.iterdir()) == ["spotrun.toml"]
+
+
+def test_what_the_refused_spot_job_needs_to_run_is_accepted(home: Path, tmp_path: Path) -> None:
+    body = "model: {params_billion: 10}\nresources: {gpu_memory_gb: 20}\n"
+    # A deadline lets `auto` pay on-demand; a 30-minute interval bounds the loss on spot.
+    late = _plan(home, _spec_file(tmp_path, "late", body + "checkpoint: {interval_minutes: 600}"
+                                  "\npolicy: {market: auto, deadline_hours: 400}\n"))
+    assert any(r["launch"] and r["market"] == "on-demand" for r in late["candidates"])
+    often = _plan(home, _spec_file(tmp_path, "often", body + "checkpoint: {interval_minutes: 30}"
+                                   "\npolicy: {market: spot}\n"))
+    rows = [r for r in often["candidates"] if r["launch"]]
+    assert rows and all(r["market"] == "spot" and r["notice_usable"] == 0 for r in rows)
+    assert "do not fit the 120 s notice" in rows[0]["notice_detail"]
 
 
 def test_a_price_cap_below_every_price_is_accepted_with_a_warning(home: Path,

@@ -8,12 +8,15 @@ from spotrun.costmodel.history import (DbHistory, HistorySource, JobStats, NoHis
                                        StaticHistory)
 from spotrun.costmodel.model import (expected, progress_fraction, recommended_interval_s,
                                      young_daly_interval_s)
+from spotrun.costmodel.notice import (GENERIC_NOTICE, NoticePrior, ReclaimRecord, notice_prior_of,
+                                      reclaim_loss, usable_notice_chance)
 from spotrun.costmodel.prices import CatalogPrices, PriceSource
 from spotrun.costmodel.priors import Priors, ZonePrior, priors_from_catalog, zone_priors_from_trace
 from spotrun.costmodel.speed import ScalingCurve, default_scaling
 
-__all__ = ["CatalogPrices", "DbHistory", "HistorySource", "JobStats",
-           "NoHistory", "PoolStats", "PriceSource", "Priors", "ScalingCurve",
-           "StaticHistory", "ZonePrior", "default_scaling", "expected", "priors_from_catalog",
-           "progress_fraction", "recommended_interval_s",
-           "young_daly_interval_s", "zone_priors_from_trace"]
+__all__ = ["CatalogPrices", "DbHistory", "GENERIC_NOTICE", "HistorySource", "JobStats",
+           "NoHistory", "NoticePrior", "PoolStats", "PriceSource", "Priors", "ReclaimRecord",
+           "ScalingCurve", "StaticHistory", "ZonePrior", "default_scaling", "expected",
+           "notice_prior_of", "priors_from_catalog", "progress_fraction", "reclaim_loss",
+           "recommended_interval_s", "usable_notice_chance", "young_daly_interval_s",
+           "zone_priors_from_trace"]

@@ -14,7 +14,8 @@ from typing import Protocol, runtime_checkable
 from sqlalchemy.engine import Engine
 from sqlmodel import select
 
-from spotrun.db import Attempt, session
+from spotrun.costmodel.notice import ReclaimRecord
+from spotrun.db import Attempt, Job, session
 from spotrun.states import EndReason, Market
 
 PoolKey = tuple[str, str]   # (instance_type, zone)
@@ -33,10 +34,11 @@ class PoolStats:
 
 @dataclass(frozen=True)
 class JobStats:
-    """Observed for one job: steps/s per instance type, blocking seconds per checkpoint."""
+    """Observed for one job: steps/s per type, blocking seconds per save, its reclaims."""
 
     steps_per_s: dict[str, float] = field(default_factory=dict)
     checkpoint_save_s: float | None = None
+    reclaims: tuple[ReclaimRecord, ...] = ()   # its reclaimed spot attempts, oldest first
 
 
 @runtime_checkable
@@ -119,10 +121,11 @@ class DbHistory:
                              restart_s_total=v[3], restarts=int(v[4])) for k, v in acc.items()}
 
     def job_stats(self, job_id: str) -> JobStats:
-        """Latest measured steps/s per type (newest attempt wins) and checkpoint cost."""
+        """Latest measured steps/s per type (newest attempt wins), checkpoint cost, reclaims."""
         with session(self.engine) as s:
             rows = list(s.exec(select(Attempt).where(Attempt.job_id == job_id)
                                .order_by(Attempt.number)))
+            job = s.get(Job, job_id)
         speeds: dict[str, float] = {}
         save_s: float | None = None
         for a in rows:
@@ -133,4 +136,28 @@ class DbHistory:
             cs = getattr(a, "checkpoint_save_s", None)
             if cs is not None and cs >= 0:
                 save_s = float(cs)
-        return JobStats(steps_per_s=speeds, checkpoint_save_s=save_s)
+        return JobStats(steps_per_s=speeds, checkpoint_save_s=save_s,
+                        reclaims=reclaim_records(rows, job.last_step if job else None))
+
+
+def reclaim_records(attempts: list[Attempt], job_step: int | None) -> tuple[ReclaimRecord, ...]:
+    """The job's reclaimed spot attempts (in number order) and where the job went on from.
+
+    After an attempt the job went on from the next attempt's start once that one reported
+    anything; after the newest attempt, from the job's own step (its newest verified save).
+    """
+    out: list[ReclaimRecord] = []
+    for i, a in enumerate(attempts):
+        if a.market is not Market.SPOT or a.end_reason is not EndReason.RECLAIMED:
+            continue
+        nxt = attempts[i + 1] if i + 1 < len(attempts) else None
+        if nxt is None:
+            resumed = job_step
+        elif nxt.start_step > 0 or nxt.last_step > 0 or nxt.running_at is not None:
+            resumed = nxt.start_step
+        else:
+            resumed = None
+        out.append(ReclaimRecord(notice_seen=a.notice_at is not None, start_step=a.start_step,
+                                 reached_step=a.last_step, resumed_step=resumed,
+                                 steps_per_s=a.steps_per_s))
+    return tuple(out)

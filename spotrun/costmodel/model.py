@@ -29,21 +29,21 @@ def recommended_interval_s(checkpoint_cost_s: float, mtbf_h: float | None, *,
 
 
 def progress_fraction(*, mtbf_h: float | None, restart_s: float, checkpoint_cost_s: float,
-                      interval_s: float, notice_caught: float) -> float:
+                      interval_s: float, lost_per_reclaim_s: float) -> float:
     """Share of billed time that becomes kept training progress, in [0, 1].
 
     A renewal cycle is an up stretch of mean M = mtbf_h, then a restart of R = restart_s.
     While up, a save blocking C every interval tau keeps tau / (tau + C) of the time. A reclaim
-    loses the work since the last save: half an interval when the notice is missed, ~0 when
-    it is caught (emergency save). So f = tau/(tau+C) * (M - (1-p) tau/2) / (M + R).
+    loses L = lost_per_reclaim_s of work (spotrun.costmodel.notice.reclaim_loss: little when
+    the notice is honoured, about half an interval when not).
+    So f = tau/(tau+C) * (M - L) / (M + R).
     """
     tau = max(interval_s, 1e-9)
     keep = tau / (tau + max(checkpoint_cost_s, 0.0))
     if mtbf_h is None or math.isinf(mtbf_h):
         return keep
     m = mtbf_h * 3600.0
-    lost = (1.0 - min(max(notice_caught, 0.0), 1.0)) * tau / 2.0
-    return max(0.0, keep * (m - lost) / (m + max(restart_s, 0.0)))
+    return max(0.0, keep * (m - max(lost_per_reclaim_s, 0.0)) / (m + max(restart_s, 0.0)))
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,7 @@ class CatalogPrices:
     """Prices from the packaged catalog: on-demand by region, spot = midpoint of the snapshot.
 
     The snapshot gives only min-max over a region's zones (one point in time), so every zone
-    gets the midpoint; live prices come from a provider (`spotrun plan --live`).
+    gets the midpoint; live prices come from a provider (`spotrun plan`).
     """
 
     def __init__(self, catalog: Catalog, region: str) -> None:

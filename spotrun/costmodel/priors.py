@@ -26,7 +26,10 @@ class ZonePrior:
 
 @dataclass(frozen=True)
 class Priors:
-    """Every prior the cost model uses, read from the catalog (see aws.yaml for sources)."""
+    """Every prior the cost model uses, read from the catalog (see aws.yaml for sources).
+
+    The notice's prior is the provider's (ProviderFacts.notice_prior, costmodel/notice.py).
+    """
 
     zones: dict[str, ZonePrior] = field(default_factory=dict)
     regions: dict[str, ZonePrior] = field(default_factory=dict)
@@ -36,7 +39,6 @@ class Priors:
     checkpoint_s_per_gb: float = 1.0
     interval_min_s: float = 60.0
     interval_max_s: float = 3600.0
-    notice_caught: float = 0.5
     recency_half_life_h: float = 72.0
 
     def zone(self, zone: str) -> ZonePrior:

@@ -9,10 +9,12 @@ from __future__ import annotations
 
 from spotrun.catalog import load_catalog
 from spotrun.costmodel import DbHistory
+from spotrun.costmodel.notice import notice_prior_of
 from spotrun.costmodel.risk import risk_model
 from spotrun.daemon.context import DaemonContext
 from spotrun.db import Job
 from spotrun.decide import Placement, decide, hours_left, provider_snapshot
+from spotrun.providers.facts import facts_for
 from spotrun.spec import JobSpec
 
 
@@ -24,4 +26,5 @@ def placement_for(ctx: DaemonContext, job: Job, spec: JobSpec) -> Placement:
     risk = risk_model(catalog, hints=ctx.provider.risk_hints(types, list(market.zones)))
     return decide(spec, catalog=catalog, market=market, history=DbHistory(ctx.engine),
                   hours_left=hours_left(spec.policy.deadline, market.at),
-                  time_scale=ctx.time_scale, job_id=job.id, steps_done=job.last_step, risk=risk)
+                  time_scale=ctx.time_scale, job_id=job.id, steps_done=job.last_step, risk=risk,
+                  notice=notice_prior_of(facts_for(ctx.settings), ctx.settings))

@@ -18,8 +18,9 @@ from typing import Any
 
 from spotrun.catalog import Catalog
 from spotrun.costmodel.history import HistorySource
+from spotrun.costmodel.notice import NoticePrior
 from spotrun.decide.market import MarketSnapshot
-from spotrun.decide.rank import NOW, Candidate, Ranking, rank
+from spotrun.decide.rank import NO_PROGRESS, NOW, Candidate, Ranking, rank
 from spotrun.spec import JobSpec
 from spotrun.states import Market, MarketPolicy
 
@@ -79,13 +80,17 @@ def hours_left(deadline_iso: str | None, now: datetime) -> float | None:
 
 def decide(spec: JobSpec, *, catalog: Catalog, market: MarketSnapshot, history: HistorySource,
            hours_left: float | None, time_scale: float = 1.0, job_id: str | None = None,
-           steps_done: int = 0, risk: Any = None) -> Placement:
-    """The launch order for the job's next attempt, and why each other pool is not in it."""
+           steps_done: int = 0, risk: Any = None, notice: NoticePrior | None = None
+           ) -> Placement:
+    """The launch order for the job's next attempt, and why each other pool is not in it.
+
+    `notice`: the provider's interruption notice (costmodel.notice_prior_of(facts, settings)).
+    """
     if risk is None:
         from spotrun.costmodel.risk import risk_model
         risk = risk_model(catalog)
     ranking = rank(spec, catalog=catalog, market=market, history=history, hours_left=hours_left,
-                   job_id=job_id, steps_done=steps_done, risk=risk)
+                   job_id=job_id, steps_done=steps_done, risk=risk, notice=notice)
     order = launch_order(ranking.candidates, spec,
                          allow_on_demand=hours_left is not None)[:MAX_CANDIDATES]
     wait = None if order else wait_reason(spec, ranking, market)
@@ -130,6 +135,9 @@ def wait_reason(spec: JobSpec, ranking: Ranking, market: MarketSnapshot) -> str:
                 f" pool(s); waiting for capacity")
     if now:
         return "; ".join(dict.fromkeys(r.reason for r in now[:3]))
+    stuck = [r for r in ranking.rejected if NO_PROGRESS in r.reason]
+    if stuck:
+        return "; ".join(dict.fromkeys(r.reason for r in stuck[:3]))
     if ranking.candidates and spec.policy.market is MarketPolicy.AUTO:
         return "no spot pool can take the job now and on-demand is used only under a deadline"
     return "no pool can take the job"
@@ -154,11 +162,23 @@ def price_cap_warnings(spec: JobSpec, ranking: Ranking, market: MarketSnapshot) 
             f"the job waits until a price falls under the cap"]
 
 
-def is_never(ranking: Ranking, hours_left: float | None) -> bool:
-    """True when no market change can make the job runnable (refuse at submit)."""
-    if ranking.candidates:
-        return hours_left is not None and all(c.misses_deadline for c in ranking.candidates)
-    return not any(r.kind == NOW for r in ranking.rejected)
+def is_never(ranking: Ranking, hours_left: float | None, spec: JobSpec | None = None) -> bool:
+    """True when no market change can make the job runnable (refuse at submit).
+
+    With the spec, ranked candidates its policy never launches (on-demand rows of an `auto`
+    job without a deadline) count as none.
+    """
+    if ranking.candidates and hours_left is not None and all(
+            c.misses_deadline for c in ranking.candidates):
+        return True
+    launchable = ranking.candidates if spec is None else launch_order(
+        ranking.candidates, spec, allow_on_demand=hours_left is not None)
+    if launchable:
+        return False
+    od_ok = spec is None or spec.policy.market is MarketPolicy.ON_DEMAND or (
+        spec.policy.market is MarketPolicy.AUTO and hours_left is not None)
+    return not any(r.kind == NOW and (od_ok or r.market != Market.ON_DEMAND.value)
+                   for r in ranking.rejected)
 
 
 def fastest(ranking: Ranking) -> Candidate | None:

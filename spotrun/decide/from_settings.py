@@ -1,6 +1,6 @@
 """The one decision on settings alone: the market view, the history, the deadline.
 
-`spotrun plan --live` and `spotrun submit --dry-run` read the market exactly as the daemon
+`spotrun plan` and `spotrun submit --dry-run` read the market exactly as the daemon
 will (a running local market, or its trace without starting it; EC2 prices on AWS), so the
 first candidate they print is what the daemon launches first when the market holds still.
 """
@@ -13,7 +13,8 @@ from typing import Any
 from spotrun.catalog import Catalog
 from spotrun.config import Settings
 from spotrun.costmodel.history import DbHistory, HistorySource, NoHistory
-from spotrun.decide import (Placement, catalog_snapshot, decide, hours_left, provider_snapshot,
+from spotrun.costmodel.notice import notice_prior_of
+from spotrun.decide import (Placement, catalog_snapshot, decide, hours_left,
                             refusal)
 from spotrun.decide.deadline import DEFAULT_TICK_S, first_decision, policy_places
 from spotrun.decide.market import MarketSnapshot
@@ -35,10 +36,7 @@ def live_market(settings: Settings, catalog: Catalog, zones: list[str] | None
     """The provider's market as the daemon reads it (nothing started, nothing written)."""
     from spotrun.providers import make_provider
     provider = make_provider(settings)
-    peek = getattr(provider, "peek_snapshot", None)
-    market = peek(catalog.names(), zones) if peek is not None else provider_snapshot(
-        provider, catalog.names(), zones)
-    return market, provider
+    return provider.peek_snapshot(catalog.names(), zones), provider
 
 
 def offline_market(settings: Settings, catalog: Catalog, zones: list[str]) -> MarketSnapshot:
@@ -51,17 +49,19 @@ def decide_for_cli(spec: JobSpec, settings: Settings, catalog: Catalog, market: 
     """decide() on the CLI's inputs; raises the refusal (exit 2) for a job that never runs."""
     hist = history(settings)
     left = hours_left(spec.policy.deadline, datetime.now(timezone.utc))
-    scale = facts_for(settings).time_scale(settings)
+    facts = facts_for(settings)
+    scale = facts.time_scale(settings)
+    notice = notice_prior_of(facts, settings)
     hints = {}
     if provider is not None:
         types = list(spec.resources.instance_types or catalog.names())
         hints = provider.risk_hints(types, list(market.zones))
     from spotrun.costmodel.risk import risk_model
     placed = decide(spec, catalog=catalog, market=market, history=hist, hours_left=left,
-                    time_scale=scale, risk=risk_model(catalog, hints=hints))
+                    time_scale=scale, risk=risk_model(catalog, hints=hints), notice=notice)
     if refuse:
         err = refusal(spec, placed.ranking, catalog=catalog, market=market, history=hist,
-                      hours_left=left)
+                      hours_left=left, notice=notice)
         if err is not None:
             raise err
     if policy_places(spec, has_measured_speed=False):
@@ -91,8 +91,7 @@ def _with_policy(spec: JobSpec, settings: Settings, placed: Placement, market: M
 def _natural_tick(provider: Any) -> float | None:
     if provider is None:
         return None
-    tick = getattr(provider, "offline_tick_s", None)
     try:
-        return float(tick()) if tick is not None else None
+        return provider.offline_tick_s()
     except SpotrunError:
         return None

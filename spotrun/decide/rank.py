@@ -16,6 +16,8 @@ from spotrun.catalog import Catalog, InstanceType
 from spotrun.costmodel.history import HistorySource, JobStats, PoolStats
 from spotrun.costmodel.memory import checkpoint_gb, memory_reason
 from spotrun.costmodel.model import expected, progress_fraction, recommended_interval_s
+from spotrun.costmodel.notice import (DEFAULT_STEP_S, GENERIC_NOTICE, NoticePrior, reclaim_loss,
+                                      usable_notice_chance)
 from spotrun.costmodel.priors import Priors, priors_from_catalog
 from spotrun.costmodel.speed import ScalingCurve, default_scaling, instance_speed
 from spotrun.decide.market import MarketSnapshot
@@ -23,6 +25,7 @@ from spotrun.spec import JobSpec
 from spotrun.states import Market, MarketPolicy
 
 MIN_PROGRESS_FRACTION = 0.01   # below this a pool reclaims faster than the job can progress
+NO_PROGRESS = "no progress expected"
 NEVER, NOW = "never", "now"
 
 
@@ -52,6 +55,10 @@ class Candidate:
     reclaims_detail: str = ""      # one human line: which family, zone, files, observations
     misses_deadline: bool = False
     efa: bool = False              # nodes talk over EFA (catalog); scales better across nodes
+    notice_usable: float = 1.0     # P(a reclaim brings a usable notice) here (costmodel/notice)
+    loss_per_reclaim_s: float = 0.0   # expected work lost per reclaim (seconds)
+    loss_honoured_s: float = 0.0   # lost per reclaim when the notice is honoured
+    notice_detail: str = ""        # why no notice is usable here, when none is
 
     @property
     def reclaims_per_hour(self) -> float:
@@ -79,6 +86,9 @@ class Candidate:
                 "reclaims_per_hour_source": self.reclaims_source,
                 "reclaims_per_hour_detail": self.reclaims_detail,
                 "checkpoint_interval_s": r(self.checkpoint_interval_s, 1),
+                "notice_usable": r(self.notice_usable, 4),
+                "loss_per_reclaim_s": r(self.loss_per_reclaim_s, 1),
+                "notice_detail": self.notice_detail,
                 "misses_deadline": self.misses_deadline, "efa": self.efa}
 
 
@@ -91,6 +101,7 @@ class Rejection:
     kind: str = NEVER              # never: no market change helps; now: prices or capacity
     zone: str | None = None
     market: str | None = None
+    mtbf_h: float | None = None    # the job's modelled hours between reclaims (no progress)
 
     def to_dict(self) -> dict[str, Any]:
         """{instance_type, zone, market, kind, reason}."""
@@ -112,8 +123,14 @@ class Ranking:
 
 def rank(spec: JobSpec, *, catalog: Catalog, market: MarketSnapshot, history: HistorySource,
          hours_left: float | None, job_id: str | None = None, steps_done: int = 0,
-         priors: Priors | None = None, risk: Any = None) -> Ranking:
-    """Rank every pool the spec allows by modelled $ per reference-hour of progress."""
+         priors: Priors | None = None, risk: Any = None,
+         notice: NoticePrior | None = None) -> Ranking:
+    """Rank every pool the spec allows by modelled $ per reference-hour of progress.
+
+    `notice` is the provider's interruption notice (ProviderFacts, costmodel.notice_prior_of);
+    without one, GENERIC_NOTICE.
+    """
+    notice = notice or GENERIC_NOTICE
     priors = priors or priors_from_catalog(catalog)
     scaling = _spec_scaling(spec) or default_scaling(catalog)
     zone_list = [z for z in (spec.resources.zones or market.zones)]
@@ -121,6 +138,8 @@ def rank(spec: JobSpec, *, catalog: Catalog, market: MarketSnapshot, history: Hi
     job = history.job_stats(job_id) if job_id else JobStats()
     pools = history.pool_stats(market.at, priors.recency_half_life_h)
     per_type_restart = _restart_by_type(pools)
+    # One chance for every pool: whether a notice is usable is the provider's and the job's.
+    p_notice = usable_notice_chance(notice, job.reclaims)
 
     rejected: list[Rejection] = []
     usable: dict[str, list[int]] = {}
@@ -144,6 +163,8 @@ def rank(spec: JobSpec, *, catalog: Catalog, market: MarketSnapshot, history: Hi
     ref_speed = speed_of(ref_type, ref_gpus)
     sps_ref = _sps_reference(catalog, job, ref_name, lambda t: speed_of(t, ref_gpus) / ref_speed)
     work_h = _work_reference_hours(spec, steps_done, sps_ref)
+    ref_step_s = _reference_step_s(spec, sps_ref)
+    loss_in = (p_notice, notice.window_s, ref_step_s)
 
     markets = {MarketPolicy.SPOT: [Market.SPOT], MarketPolicy.ON_DEMAND: [Market.ON_DEMAND],
                MarketPolicy.AUTO: [Market.SPOT, Market.ON_DEMAND]}[spec.policy.market]
@@ -173,7 +194,7 @@ def rank(spec: JobSpec, *, catalog: Catalog, market: MarketSnapshot, history: Hi
                                        sps_ref, counts)
                     c = _candidate(t, z, m, price, speedup, g, spec, priors, risk,
                                    pools.get((name, z)), per_type_restart.get(name), work_h,
-                                   nodes, job, hours_left)
+                                   nodes, job, hours_left, loss_in)
                     if best is None or _rank_key(c) < _rank_key(best):
                         best = c
                 assert best is not None
@@ -182,10 +203,12 @@ def rank(spec: JobSpec, *, catalog: Catalog, market: MarketSnapshot, history: Hi
                     od_rows.setdefault(name, c)
                     if not is_candidate or m not in markets:
                         continue
-                if c.progress_fraction < MIN_PROGRESS_FRACTION:
-                    reasons.append(Rejection(
-                        name, f"{z} reclaims every {c.mtbf_h:.2f} h: no progress expected", NOW,
-                        z, m.value))
+                stuck = _no_progress(c)
+                if stuck:
+                    # The loss per reclaim is the job's own, the reclaim rate the pool's long-run
+                    # one: waiting does not fix it (submit refuses a job with nothing else).
+                    reasons.append(Rejection(name, stuck, NEVER, z, m.value,
+                                             mtbf_h=c.mtbf_h / max(c.nodes, 1)))
                     continue
                 if cap is not None and price > cap:
                     reasons.append(Rejection(
@@ -207,6 +230,28 @@ def rank(spec: JobSpec, *, catalog: Catalog, market: MarketSnapshot, history: Hi
         f"reference {ref_name} cannot run this job; it is the speed unit only"]
     return Ranking(candidates=out, rejected=rejected, reference=reference,
                    reference_instance=ref_name, work_reference_hours=work_h, notes=notes)
+
+
+def _no_progress(c: Candidate) -> str | None:
+    """Why the pool gives the job no progress, or None.
+
+    With a usable notice only the honoured-notice loss can make it so: reclaims without one
+    cost more, but a pool whose honoured reclaims leave progress still runs the job.
+    """
+    if c.mtbf_h is None or c.progress_fraction >= MIN_PROGRESS_FRACTION:
+        return None
+    job_mtbf_h = c.mtbf_h / max(c.nodes, 1)
+    if c.notice_usable > 0:
+        best = progress_fraction(mtbf_h=job_mtbf_h, restart_s=c.restart_s,
+                                 checkpoint_cost_s=c.checkpoint_cost_s,
+                                 interval_s=c.checkpoint_interval_s,
+                                 lost_per_reclaim_s=c.loss_honoured_s)
+        if best >= MIN_PROGRESS_FRACTION:
+            return None
+        lost = f"{c.loss_honoured_s / 3600.0:.2f} h even with the notice"
+    else:
+        lost = f"{c.loss_per_reclaim_s / 3600.0:.2f} h ({c.notice_detail})"
+    return f"{c.zone} reclaims every {job_mtbf_h:.2f} h, each losing {lost}: {NO_PROGRESS}"
 
 
 def _rank_key(c: Candidate) -> tuple[Any, ...]:
@@ -238,7 +283,8 @@ def _gpu_counts(t: InstanceType, spec: JobSpec, nodes: int) -> tuple[list[int], 
 def _candidate(t: InstanceType, zone: str, market: Market, price: float, speedup: float,
                gpus: int, spec: JobSpec, priors: Priors, risk: Any, obs: PoolStats | None,
                type_restart: tuple[float, int] | None, work_h: float | None, nodes: int,
-               job: JobStats, hours_left: float | None) -> Candidate:
+               job: JobStats, hours_left: float | None,
+               loss_in: tuple[float, float, float | None]) -> Candidate:
     restart_s = _restart_s(obs, type_restart, priors)
     ckpt_s = _checkpoint_cost_s(spec, gpus * nodes, job, priors)
     source, detail = "none", "on-demand: not reclaimed"
@@ -253,15 +299,19 @@ def _candidate(t: InstanceType, zone: str, market: Market, price: float, speedup
         if n or h:
             source += "+observed"
             detail += f"; observed {n:g} reclaim(s) in {h:.1f} h on this pool"
-        caught = obs.notices_caught if obs else 0.0
-        notice = (caught + 2.0 * priors.notice_caught) / (n + 2.0)
         # A job of N nodes is reclaimed when any of its nodes is.
         mtbf_h = mtbf_h / max(nodes, 1)
     else:
-        mtbf_h, notice = None, 1.0
+        mtbf_h = None
     interval_s = checkpoint_interval_s(spec, ckpt_s, mtbf_h, priors)
+    p_notice, window_s, ref_step_s = loss_in
+    # The emergency save writes what a periodic save writes: the checkpoint size model's cost.
+    loss = reclaim_loss(usable=p_notice, window_s=window_s,
+                        step_s=ref_step_s / speedup if ref_step_s and speedup > 0
+                        else DEFAULT_STEP_S, save_s=ckpt_s, interval_s=interval_s,
+                        mtbf_h=mtbf_h)
     frac = progress_fraction(mtbf_h=mtbf_h, restart_s=restart_s, checkpoint_cost_s=ckpt_s,
-                             interval_s=interval_s, notice_caught=notice)
+                             interval_s=interval_s, lost_per_reclaim_s=loss.expected_s)
     e = expected(work_reference_hours=work_h, price_usd_per_hour=price * nodes, speedup=speedup,
                  fraction=frac, mtbf_h=mtbf_h, restart_s=restart_s)
     misses = hours_left is not None and e.hours is not None and e.hours > hours_left
@@ -274,7 +324,9 @@ def _candidate(t: InstanceType, zone: str, market: Market, price: float, speedup
                      restart_s=restart_s, checkpoint_cost_s=ckpt_s,
                      speed_source="measured" if t.name in job.steps_per_s else "catalog",
                      reclaims_source=source, reclaims_detail=detail, misses_deadline=misses,
-                     efa=t.efa)
+                     efa=t.efa, notice_usable=loss.usable,
+                     loss_per_reclaim_s=loss.expected_s if mtbf_h is not None else 0.0,
+                     loss_honoured_s=loss.honoured_s, notice_detail=loss.detail)
 
 
 def _risk_prior(risk: Any, priors: Priors, itype: str, zone: str
@@ -357,6 +409,15 @@ def _work_reference_hours(spec: JobSpec, steps_done: int, sps_ref: float | None)
     if spec.work.reference_hours is not None:
         left = 1.0 if not total else max(total - steps_done, 0) / total
         return spec.work.reference_hours * left
+    return None
+
+
+def _reference_step_s(spec: JobSpec, sps_ref: float | None) -> float | None:
+    """Seconds per step on the reference: measured, else the spec's steps over its hours."""
+    if sps_ref:
+        return 1.0 / sps_ref
+    if spec.work.total_steps and spec.work.reference_hours:
+        return spec.work.reference_hours * 3600.0 / spec.work.total_steps
     return None
 
 

@@ -1,8 +1,10 @@
 """Refusing what can never run: the binding reason and the nearest thing that would run.
 
 A job is refused (exit 2, nothing written) when no catalog type, zone and market can ever
-satisfy it: memory, GPUs per node, nodes, the type and zone filters, or a deadline shorter
-than the fastest candidate. Prices and capacity are not reasons to refuse: they move.
+satisfy it: memory, GPUs per node, nodes, the type and zone filters, a deadline shorter
+than the fastest candidate, or a spot job that loses more per reclaim than any pool runs
+between reclaims (even when the notice is honoured). Prices and capacity are not reasons to
+refuse: they move.
 """
 
 from __future__ import annotations
@@ -15,17 +17,18 @@ from spotrun.catalog import Catalog
 from spotrun.costmodel.memory import (GIB_TO_GB, HEADROOM, STATE_BYTES_PER_PARAM, activation_gb,
                                       memory_need)
 from spotrun.decide.core import fastest, is_never
-from spotrun.decide.rank import Ranking, rank
+from spotrun.decide.rank import NO_PROGRESS, Ranking, rank
 from spotrun.errors import SpecError
 from spotrun.spec import JobSpec
 
 
 def refusal(spec: JobSpec, ranking: Ranking, *, catalog: Catalog, market: Any, history: Any,
-            hours_left: float | None) -> SpecError | None:
+            hours_left: float | None, notice: Any = None) -> SpecError | None:
     """The error to refuse the job with, or None when some pool can (or could) run it."""
-    if not is_never(ranking, hours_left):
+    if not is_never(ranking, hours_left, spec):
         return None
-    if ranking.candidates:   # every candidate misses the deadline
+    if ranking.candidates and hours_left is not None and all(
+            c.misses_deadline for c in ranking.candidates):
         best = fastest(ranking)
         got = f"{hours_left:.1f} h" if hours_left is not None else "?"
         where = (f"; the fastest is {best.instance_type} {best.market.value} at "
@@ -45,9 +48,24 @@ def refusal(spec: JobSpec, ranking: Ranking, *, catalog: Catalog, market: Any, h
     memory = _memory_refusal(spec, catalog, max_node)
     if memory is not None:   # not even the catalog's largest GPU holds it: filters do not matter
         return memory
+    stuck = [r for r in ranking.rejected if NO_PROGRESS in r.reason]
+    if stuck:   # name the pool that reclaims least: even it leaves no progress
+        best = max(stuck, key=lambda r: r.mtbf_h or 0.0)
+        return SpecError(
+            f"no spot pool keeps progress; the best, {best.instance_type} in {best.reason}",
+            field="policy.market", value=spec.policy.market.value,
+            hint="use policy.market: on-demand, or auto with a policy.deadline; or lose less "
+                 "per reclaim: a shorter checkpoint.interval_minutes, shorter steps, a smaller "
+                 "checkpoint")
+    if ranking.candidates:   # only on-demand rows, which an `auto` job launches under a deadline
+        return SpecError("no spot pool can run the job, and policy.market: auto uses on-demand "
+                         "only under a deadline", field="policy.market",
+                         value=spec.policy.market.value,
+                         hint="use policy.market: on-demand, or give policy.deadline")
     if res.instance_types or res.zones:
         wide = rank(replace(spec, resources=replace(res, instance_types=(), zones=())),
-                    catalog=catalog, market=market, history=history, hours_left=hours_left)
+                    catalog=catalog, market=market, history=history, hours_left=hours_left,
+                    notice=notice)
         types = list(dict.fromkeys(c.instance_type for c in wide.candidates))[:4]
         first = ranking.rejected[0].reason if ranking.rejected else "no pool left"
         which = "resources.instance_types" if res.instance_types else "resources.zones"

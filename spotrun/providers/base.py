@@ -177,6 +177,12 @@ class Provider(Protocol):
     def risk_hints(self, instance_types: list[str], zones: list[str]) -> dict[tuple[str, str], Any]:
         """Live reclaim-risk evidence per (type, zone) (spotrun.costmodel.risk.RiskHint); {} if none."""
 
+    def peek_snapshot(self, instance_types: list[str], zones: list[str] | None = None) -> Any:
+        """The market as the daemon would read it, starting and writing nothing (plan, dry-run)."""
+
+    def offline_tick_s(self) -> float | None:
+        """The market's natural decision interval in provider seconds, if it has one."""
+
 
 @dataclass(frozen=True)
 class ProviderFacts:
@@ -198,6 +204,12 @@ class ProviderFacts:
     # The c10d rendezvous port of a multi-node job on its host node; 0: a free port the daemon
     # picks (every local node shares 127.0.0.1, so a fixed port would collide across jobs).
     rdzv_port: int = 0
+    # The interruption notice, for the progress model (docs/cost-model.md, "Work lost per
+    # reclaim"): its lead before a reclaim, provider-clock seconds read from settings, and the
+    # prior chance that a reclaim brings one the job can use, before the job's own record.
+    # The defaults are a provider that gives no notice.
+    notice_window_s: Callable[[Any], float] = lambda st: 0.0
+    notice_prior: float = 0.0
 
 
 class MarketTruth(Protocol):

@@ -56,4 +56,9 @@ FACTS = ProviderFacts(
     agent_extras=lambda st: ({"imds_endpoint": st.aws.imds_endpoint}
                              if st.aws.imds_endpoint else {}),
     billing_rules=lambda: AWS_RULES, doctor=_doctor, reconcile=_reconcile,
-    rdzv_port=29400)
+    rdzv_port=29400,
+    # EC2 issues the notice "two minutes before Amazon EC2 stops or terminates your Spot
+    # Instance", and "interruption notices are emitted on a best effort basis" (EC2 User Guide,
+    # "Spot Instance interruption notices"). AWS publishes no rate of missed notices: 0.9 says
+    # "usually", and the job's own reclaims correct it (costmodel/notice.py).
+    notice_window_s=lambda st: 120.0, notice_prior=0.9)

@@ -132,6 +132,15 @@ class AwsProvider(GroupActs):
             log.warning("risk hints unavailable: %s", exc)
             return {}
 
+    def peek_snapshot(self, instance_types: list[str], zones: list[str] | None = None) -> Any:
+        """EC2's market now: reading it starts nothing (the same calls the daemon makes)."""
+        from spotrun.decide.market import provider_snapshot
+        return provider_snapshot(self, instance_types, zones)
+
+    def offline_tick_s(self) -> float | None:
+        """None: EC2 prices move when they move; the policy's own interval applies."""
+        return None
+
     def on_demand_price(self, instance_type: str) -> float:
         """Catalog on-demand USD/h in this region."""
         price = self.catalog.get(instance_type).on_demand_price(self.region)
