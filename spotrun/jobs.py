@@ -10,12 +10,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from sqlalchemy import exists, update
 from sqlalchemy.engine import Engine
+from sqlmodel import Session
 
 from spotrun import layout
 from spotrun.catalog import load_catalog
 from spotrun.config import Settings
-from spotrun.db import Job, add_event, find_job, new_job_id, session, utcnow
+from spotrun.db import Attempt, Job, add_event, find_job, new_job_id, session, utcnow
 from spotrun.errors import BadInputError, NotFoundError, SpotrunError
 from spotrun.spec import JobSpec, load_spec_file
 from spotrun.states import JobState, move_job
@@ -114,19 +116,56 @@ def _drop_bundle(store: Any, key: str) -> None:
 
 
 def request_cancel(engine: Engine, ref: str) -> Job:
-    """Mark a job for cancellation (idempotent); the daemon terminates its instances."""
+    """Cancel a job (idempotent): one that never launched at once, else mark it for the
+    daemon, which terminates its instances."""
     with session(engine) as s:
         job = find_job(s, ref)
         if job is None:
             raise NotFoundError("no such job", field="JOB", value=ref, hint="see `spotrun status`")
         if job.state.is_terminal() or job.cancel_requested:
             return job
+        if job.state is JobState.QUEUED:
+            job_id = job.id
+            done = _cancel_unlaunched(s, job_id)
+            if done is not None:
+                return done
+            s.rollback()   # a daemon launched it meanwhile: ask it to cancel instead
+            s.expunge_all()
+            job = s.get(Job, job_id)
+            if job.state.is_terminal() or job.cancel_requested:
+                return job
         job.cancel_requested = True
         job.updated_at = utcnow()
         add_event(s, job.id, "cancel_requested")
         s.add(job)
         s.commit()
         return job
+
+
+def _cancel_unlaunched(s: Session, job_id: str) -> Job | None:
+    """Cancel a job still queued with no attempt, in one transaction; None if it is not.
+
+    The conditional update takes the row (and, on SQLite, the write lock) before the state
+    moves, and the scheduler writes an attempt intent only through the mirror-image update
+    (`scheduler._still_launchable`): of a launch and this cancel racing, exactly one wins.
+    """
+    now = utcnow()
+    launched = exists().where(Attempt.job_id == job_id)
+    res = s.execute(update(Job).where(Job.id == job_id, Job.state == JobState.QUEUED,
+                                      Job.cancel_requested == False, ~launched)  # noqa: E712
+                    .values(updated_at=now).execution_options(synchronize_session=False))
+    if res.rowcount != 1:
+        return None
+    s.expunge_all()   # read the row again, under the lock the update took
+    job = s.get(Job, job_id)
+    move_job(job, JobState.CANCELLED)
+    job.cancel_requested = True
+    job.reason = "cancelled before it launched"
+    job.updated_at = now
+    add_event(s, job.id, "cancelled", "before any launch")
+    s.add(job)
+    s.commit()
+    return job
 
 
 def resume_job(engine: Engine, ref: str, budget_usd: float | None = None) -> Job:

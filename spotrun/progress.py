@@ -3,8 +3,10 @@
 `Job.last_step` is the step the job's work is known to survive at: the newest verified
 checkpoint (what a new attempt resumes from), or the final step of a completed attempt.
 `Attempt.start_step` is where an attempt really resumed (the agent reports the checkpoint it
-handed to the job); `Attempt.last_step` the newest step the job reported. Status, the audit
-and the policy read these fields; only the functions below write them.
+handed to the job); `Attempt.last_step` the highest step the job reported reaching or saved
+in it (a save on the notice or at the last moment may come after the last report), so the
+next attempt never resumes above the step its predecessor "ran to". Status, the audit and
+the policy read these fields; only the functions below write them.
 """
 
 from __future__ import annotations
@@ -35,6 +37,14 @@ def attempt_reported(attempt: Any, step: int | None) -> bool:
         return False
     attempt.last_step = step
     return True
+
+
+def attempt_saved(attempt: Any, step: int | None) -> bool:
+    """A checkpoint at `step`, newer than the attempt's start, was written by this attempt:
+    the job reached that step in it, whatever its last report said."""
+    if not isinstance(step, int) or step <= attempt.start_step:
+        return False
+    return attempt_reported(attempt, step)
 
 
 def attempt_resumed_from(attempt: Any, step: int | None) -> bool:

@@ -75,15 +75,18 @@ class ExitReport:
     instance_id: Text = None           # multi-node only: the node that wrote it
     node_rank: Int = None
     command_restarts: Int = None
+    log_tail: Text = None              # a failed command's last output lines (redacted)
 
 
 NODE_ONLY = ("instance_id", "node_rank", "command_restarts")
+# Keys written only when they say something, so the agent's usual reports keep their old keys.
+OPTIONAL = NODE_ONLY + ("log_tail",)
 
 
 def dump(report: Any) -> dict[str, Any]:
     """The JSON-able body of a report (a single-node agent's keys are as they always were)."""
     body = asdict(report)
-    for key in NODE_ONLY:
+    for key in OPTIONAL:
         if body.get(key, 0) is None:
             del body[key]
     return body

@@ -76,3 +76,60 @@ def test_the_job_step_only_rises_except_at_a_reverified_resume() -> None:
     att = Row()
     assert attempt_resumed_from(att, 5) and att.start_step == 5
     assert not attempt_resumed_from(att, "5")   # only a step the agent reported
+
+
+def _reclaim(ctx, engine, number: int = 2) -> None:
+    """The provider reports the attempt's instance gone, reclaimed (no exit report)."""
+    from spotrun.daemon.reconcile import ReconcileLoop
+    from spotrun.providers.base import InstanceInfo
+    from spotrun.states import InstanceState, TerminationCause
+    with session(engine) as s:
+        att = s.get(Attempt, 1)
+    ReconcileLoop(ctx)._ended(att, InstanceInfo(
+        instance_id="i-2", instance_type="p3.2xlarge", zone="za", market=Market.SPOT,
+        state=InstanceState.TERMINATED, launched_at=T0, ended_at=T0,
+        cause=TerminationCause.SPOT_RECLAIM), T0)
+
+
+def test_a_last_moment_save_counts_as_a_step_the_attempt_ran_to(tmp_path: Path) -> None:
+    """Heartbeats said 133; the save made on the notice, after the last heartbeat, is at 161.
+    The next attempt resumes from 161, so this one "ran to" 161, not 133 (issue 22)."""
+    from spotrun.checkpoints import put_checkpoint_files
+    from spotrun.ui.views import status_view
+    ctx, engine, store = _setup(tmp_path)
+    store.put_bytes(layout.heartbeat_key("j-1", 2), json.dumps(
+        {"ts": "1", "phase": "running", "step": 133, "resumed_from": 10,
+         "last_checkpoint_step": 120}).encode())
+    HeartbeatLoop(ctx).tick(T0)
+    put_checkpoint_files(open_store(store.uri + "/ck"), 161, {"state.json": b"{}"})
+    _reclaim(ctx, engine)
+    with session(engine) as s:
+        a, j = s.get(Attempt, 1), s.get(Job, "j-1")
+        assert (a.last_step, j.last_step, j.state) == (161, 161, JobState.RECOVERING)
+    # The next attempt starts where the checkpoints say; the lines add up.
+    next_start = ctx.checkpointed_step("j-1", store.uri + "/ck", 0)
+    view = status_view(ctx.settings, "j-1", engine=engine)
+    (line,) = view["attempts"]
+    assert line["ran_to"] == 161 >= next_start == 161
+    engine.dispose()
+
+
+def test_a_save_older_than_the_attempts_start_is_not_its_progress(tmp_path: Path) -> None:
+    from spotrun.checkpoints import put_checkpoint_files
+    ctx, engine, store = _setup(tmp_path)
+    put_checkpoint_files(open_store(store.uri + "/ck"), 8, {"state.json": b"{}"})
+    _reclaim(ctx, engine)
+    with session(engine) as s:
+        assert s.get(Attempt, 1).last_step == 10     # no step reported past its start
+
+
+def test_status_counts_the_notices_emergency_save_of_a_live_attempt(tmp_path: Path) -> None:
+    from spotrun.ui.views import status_view
+    ctx, engine, store = _setup(tmp_path)
+    store.put_bytes(layout.heartbeat_key("j-1", 2), json.dumps(
+        {"ts": "1", "phase": "running", "step": 40, "resumed_from": 10}).encode())
+    store.put_bytes(layout.notice_key("j-1", 2), json.dumps(
+        {"ts": "2", "action": "terminate", "emergency_checkpoint_step": 44}).encode())
+    (line,) = status_view(ctx.settings, "j-1", engine=engine)["attempts"]
+    assert line["ran_to"] == 44
+    engine.dispose()

@@ -212,7 +212,7 @@ def test_cli_submit_good_spec_writes_job(tmp_path, monkeypatch):
     spec.write_text("name: tiny\ncommand: python train.py\nworkdir: code\n")
     result = CliRunner().invoke(cli, ["submit", str(spec)])
     assert result.exit_code == 0, result.output
-    job_id = result.output.strip()
+    job_id = result.stdout.strip()
     assert job_id.startswith("tiny-")
     out = CliRunner().invoke(cli, ["status", "--json"])
     import json

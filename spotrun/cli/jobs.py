@@ -22,8 +22,9 @@ from spotrun.store.progress import transfer_bar
 @click.command()
 @click.argument("spec_file", type=click.Path(dir_okay=False))
 @click.option("--dry-run", is_flag=True, help="Validate and print the launch plan; write nothing.")
+@click.option("--wide", is_flag=True, help="With --dry-run: show every column of the plan.")
 @json_option
-def submit(spec_file: str, dry_run: bool, as_json: bool) -> None:
+def submit(spec_file: str, dry_run: bool, wide: bool, as_json: bool) -> None:
     """Submit SPEC_FILE (YAML); prints the new job id.
 
     The daemon (`spotrun daemon`) picks the job up. Bad input exits 2 and writes nothing.
@@ -39,7 +40,7 @@ def submit(spec_file: str, dry_run: bool, as_json: bool) -> None:
             echo_json(plan)
         else:
             from spotrun.cli.dryrun import print_plan
-            print_plan(plan)
+            print_plan(plan, wide=wide)
         return
     engine = open_state_db(settings)
     console = Console(stderr=True)
@@ -55,6 +56,18 @@ def submit(spec_file: str, dry_run: bool, as_json: bool) -> None:
         echo_json({"id": job.id, "name": job.name, "state": job.state.value})
     else:
         click.echo(job.id)
+    _say_if_no_daemon(settings, engine)
+
+
+def _say_if_no_daemon(settings: Any, engine: Any) -> None:
+    """One line on stderr when no daemon will pick the job up (the job is recorded anyway)."""
+    from spotrun.ui.views import daemon_missing
+    try:
+        missing = daemon_missing(settings, engine)
+    except Exception:   # the job is in: a lease that cannot be read must not fail the submit
+        return
+    if missing:
+        click.echo(f"queued; {missing}", err=True)
 
 
 @click.command()
@@ -94,16 +107,24 @@ def print_jobs(console: Console, data: list[dict[str, Any]], *, wide: bool = Fal
             Column("reclaims", "reclaims", 1, "right"), Column("spend", "spend $", 2, "right"),
             Column("attempts", "attempts", 3, "right"), Column("current", "current", 4)]
     rows = []
+    from spotrun.daemon.lease import NO_DAEMON
+    waiting: list[str] = []
     for d in data:
         att = d["attempts"]
         cur = next((a for a in reversed(att) if a["state"] != "ended"), None)
         prog = f"{d['step']}/{d['total_steps']}" if d["total_steps"] else str(d["step"])
-        rows.append({"id": d["id"], "state": d["state"], "progress": prog,
+        state = d["state"]
+        if d.get("reason") and d["reason"].startswith(NO_DAEMON):
+            waiting.append(d["reason"])
+            state += " (no daemon)"
+        rows.append({"id": d["id"], "state": state, "progress": prog,
                      "reclaims": str(d["reclaims"]), "spend": _money(d.get("spend_usd")),
                      "attempts": str(len(att)),
                      "current": f"{cur['instance_type']} {cur['zone']} {cur['market']}"
                      if cur else "-"})
     print_table(console, "jobs", cols, rows, wide=wide)
+    if waiting:
+        console.print(waiting[0], soft_wrap=True, highlight=False, markup=False)
     for d in data:
         for w in d.get("warnings", []):
             console.print(f"[yellow]warning[/yellow] {d['id']}: {w}", markup=True)
@@ -219,7 +240,14 @@ def logs(job_ref: str, attempt_no: int | None, follow: bool, poll_s: float,
         return
     printed: set[str] = set()
     headed: set[int] = set()
+    told: str | None = None
     while True:
+        if follow and not attempts:
+            # Say why nothing comes yet (once per reason), rather than hang in silence.
+            why = _why_no_attempt(settings, engine, job_id)
+            if why != told:
+                click.echo(why, err=True)
+                told = why
         for n, a in sorted(attempts.items()):
             if attempt_no is not None and n != attempt_no:
                 continue
@@ -244,6 +272,18 @@ def logs(job_ref: str, attempt_no: int | None, follow: bool, poll_s: float,
         time.sleep(poll_s)  # a CLI follow loop paces itself; not a test wait
 
 
+def _why_no_attempt(settings: Any, engine: Any, job_id: str) -> str:
+    """`job X has no attempt yet (queued: reason); waiting...` for `logs -f`."""
+    from spotrun.ui.views import WAITS_FOR_DAEMON, daemon_missing
+    with session(engine) as s:
+        job = s.get(Job, job_id)
+        state, reason = job.state, job.reason
+    if state in WAITS_FOR_DAEMON:
+        reason = daemon_missing(settings, engine) or reason
+    return (f"job {job_id} has no attempt yet ({state.value}: "
+            f"{reason or 'waiting for the scheduler'}); waiting...")
+
+
 def _pool(a: Attempt) -> str:
     return f"{a.instance_type} {a.zone} {a.market.value}"
 
@@ -257,11 +297,18 @@ def _segments(store: Any, job_id: str, attempt_no: int) -> list[str]:
 @click.argument("job_ref")
 @json_option
 def cancel(job_ref: str, as_json: bool) -> None:
-    """Cancel a job: the daemon terminates its instances (idempotent)."""
+    """Cancel a job (idempotent): one that never launched at once; otherwise the daemon
+    terminates its instances."""
     settings = get_settings()
-    job = request_cancel(open_state_db(settings, job_ref), job_ref)
+    engine = open_state_db(settings, job_ref)
+    with session(engine) as s:
+        before = find_job(s, job_ref)
+    was = before.state if before is not None else None
+    job = request_cancel(engine, job_ref)
     if as_json:
         echo_json({"id": job.id, "state": job.state.value, "cancel_requested": job.cancel_requested})
+    elif job.state.is_terminal() and job.state is not was:
+        click.echo(f"{job.id} {job.state.value}")
     elif job.state.is_terminal():
         click.echo(f"{job.id} already {job.state.value}")
     else:

@@ -30,6 +30,7 @@ from spotrun.db import Meta, session
 from spotrun import pids
 
 LEASE_KEY = "daemon_lease"
+NO_DAEMON = "no daemon is running"   # how a waiting job's reason starts while none holds it
 
 
 def boot_id() -> str:
@@ -80,6 +81,27 @@ class LeaseInfo:
         """True when the holder was a process on this boot of this host that no longer runs."""
         return (self.host == socket.gethostname() and self.boot_id == boot_id()
                 and bool(self.boot_id) and not pids.is_alive(self.pid, self.pid_start_ticks))
+
+
+def live_holder(engine: Engine, now: datetime | None = None) -> LeaseInfo | None:
+    """The daemon that holds the lease now; None when no row, an expired one, or a dead holder.
+
+    What the CLI asks before telling a user that nothing will pick their job up.
+    """
+    from datetime import timezone
+    with session(engine) as s:
+        row = s.get(Meta, LEASE_KEY)
+    info = LeaseInfo.from_json(row.value) if row is not None else None
+    if info is None or info.expired(now or datetime.now(timezone.utc)) \
+            or info.holder_dead_here():
+        return None
+    return info
+
+
+def no_daemon_reason(home: Any) -> str:
+    """Why a queued job does not move while no daemon holds the lease, and how to start one."""
+    return (f"{NO_DAEMON} for SPOTRUN_HOME={home}: start one with `spotrun daemon` "
+            "(or the systemd unit systemd/spotrun-daemon.service)")
 
 
 def _stopped(pid: int) -> bool:

@@ -31,7 +31,7 @@ from spotrun.daemon.reconcile import LIVE, ReconcileLoop, attempt_running, end_r
 from spotrun.db import Attempt, AttemptNode, Job, add_event, nodes_of, session
 from spotrun.errors import CapacityError, ObjectNotFound, ProviderError, StoreError
 from spotrun.daemon.heartbeats import apply_beat
-from spotrun.progress import attempt_reported, job_reached
+from spotrun.progress import attempt_reported, attempt_saved, job_reached
 from spotrun.reports import ExitReport, Heartbeat, Notice, parse_report, read_report
 from spotrun.providers.base import InstanceInfo, Pool
 from spotrun.spec import spec_from_dict
@@ -323,6 +323,7 @@ class NodeLoop:
             ends = [n.ended_at for n in nodes if n.ended_at is not None]
             row.ended_at = max(ends) if ends else self.ctx.provider.now()
             row.last_step = max([row.last_step] + [n.last_step for n in nodes])
+            attempt_saved(row, saved)   # a save after the last report counts as reached
             s.add(row)
             add_event(s, row.job_id, f"attempt_{reason.value}",
                       f"attempt {row.number}: {row.detail}", attempt_id=row.id)

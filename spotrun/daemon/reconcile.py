@@ -6,6 +6,10 @@ a fixed order (`end_reason_of`): the agent's own exit report of an outcome it de
 exit report, then what spotrun itself asked for, else `lost`. So a job that wrote
 `completed` is never re-run, whatever the cloud says next; the cloud's cause is kept
 on the attempt (`instance_cause`) for the ledger, whose billing rules follow it.
+
+Errors use up `policy.max_restarts_on_error`, except a command that cannot start: the same
+non-zero exit before any step on two instances in a row fails the job at once
+(`start_failure_code`); the reason carries the tail of its output from the exit report.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ from spotrun import layout
 from spotrun.agent.fence import fenced_key
 from spotrun.daemon.context import DaemonContext
 from spotrun.daemon.savefail import record_save_failures
-from spotrun.progress import attempt_reported, job_reached
+from spotrun.progress import attempt_reported, attempt_saved, job_reached
 from spotrun.db import Attempt, Job, add_event, attempts_of, session
 from spotrun.errors import ObjectNotFound, StoreError
 from spotrun.providers.base import InstanceInfo
@@ -108,6 +112,8 @@ class ReconcileLoop:
                       f"{fenced.get('holder') or 'another instance'}")
         # Verifying reads the newest checkpoint's data: do it before the write transaction.
         saved = self.ctx.checkpointed_step(job.id, job.checkpoint_uri, job.last_step)
+        repeated = self._repeated_start_failure(job, att, report) \
+            if reason is EndReason.ERROR else None
         with session(self.ctx.engine) as s:
             a = s.get(Attempt, att.id)
             if a.state is AttemptState.TERMINATING and a.end_reason is not None \
@@ -122,16 +128,36 @@ class ReconcileLoop:
             record_save_failures(s, a, self._final_heartbeat(job, att))
             if report is not None:
                 attempt_reported(a, report.step)
+            attempt_saved(a, saved)   # a save after the last report (notice, last moment)
             s.add(a)
             add_event(s, a.job_id, f"attempt_{reason.value}", f"attempt {a.number}: {detail}",
                       attempt_id=a.id)
             j = s.get(Job, a.job_id)
             # A save made after the last heartbeat (the notice's, a budget stop's) counts too.
             job_reached(j, saved)
-            self._advance_job(s, j, a, reason, now)
+            self._advance_job(s, j, a, reason, now, start_failure=repeated)
             s.commit()
 
-    def _advance_job(self, s, job: Job, att: Attempt, reason: EndReason, now: datetime) -> None:
+    def _repeated_start_failure(self, job: Job, att: Attempt,
+                                report: ExitReport | None) -> int | None:
+        """The exit code, when this attempt and the instance before it both failed before
+        reporting any step with that same non-zero code (a command that cannot start)."""
+        code = start_failure_code(report, att)
+        if code is None:
+            return None
+        with session(self.ctx.engine) as s:
+            before = [a for a in attempts_of(s, job.id)
+                      if a.number < att.number and a.instance_id is not None]
+        if not before or before[-1].end_reason is not EndReason.ERROR:
+            return None
+        try:
+            previous = self._exit_report(job, before[-1])
+        except StoreError:
+            return None   # unknown: the error budget decides, as for any failure
+        return code if start_failure_code(previous, before[-1]) == code else None
+
+    def _advance_job(self, s, job: Job, att: Attempt, reason: EndReason, now: datetime, *,
+                     start_failure: int | None = None) -> None:
         if job.state.is_terminal():
             return
         job.updated_at = now
@@ -151,7 +177,15 @@ class ReconcileLoop:
         elif reason is EndReason.ERROR:
             job.error_restarts += 1
             limit = spec_from_dict(job.spec).policy.max_restarts_on_error
-            if job.error_restarts > limit:
+            if start_failure is not None and job.error_restarts <= limit:
+                # The same exit before any step on two instances: another launch (paid)
+                # would fail the same way; the output tail in the detail says why.
+                move_job(job, JobState.FAILED)
+                job.reason = (f"command failed {job.error_restarts} time(s) before its first "
+                              f"step, with exit code {start_failure} on two instances in a "
+                              f"row (not retried): {att.detail}")
+                add_event(s, job.id, "failed", job.reason)
+            elif job.error_restarts > limit:
                 move_job(job, JobState.FAILED)
                 job.reason = f"command failed {job.error_restarts} time(s): {att.detail}"
                 add_event(s, job.id, "failed", job.reason)
@@ -275,6 +309,22 @@ def attempt_running(ctx: DaemonContext, attempt_id: int | None, on: str, now: da
         s.commit()
 
 
+def start_failure_code(report: ExitReport | None, att: Attempt) -> int | None:
+    """The non-zero exit code of a command that failed before reporting any step, else None."""
+    if report is None or (report.reason or "error") != "error" or report.step is not None:
+        return None
+    if att.last_step > att.start_step:
+        return None   # a heartbeat saw progress the exit report missed
+    code = report.exit_code
+    return code if isinstance(code, int) and code != 0 else None
+
+
+def tail_text(tail: str | None) -> str:
+    """A failed command's last output lines as one line (reasons are shown on one line)."""
+    lines = [line.strip()[:300] for line in (tail or "").splitlines() if line.strip()]
+    return " | ".join(lines)
+
+
 def end_reason_of(report: ExitReport | None, info: InstanceInfo, att: Attempt,
                   cancel_requested: bool) -> tuple[EndReason, str]:
     """Why an attempt ended, from the evidence in order (see the module docstring)."""
@@ -284,6 +334,8 @@ def end_reason_of(report: ExitReport | None, info: InstanceInfo, att: Attempt,
         detail = f"exit code {report.exit_code}"
         if report.message:
             detail += f": {report.message}"
+        if report.log_tail and report.exit_code not in (0, None):
+            detail += f"; last output: {tail_text(report.log_tail)}"
         if outcome == "completed" and report.exit_code not in (0, None):
             outcome = "error"
         if outcome in _DECIDED:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
+from sqlalchemy import update
 from sqlmodel import select
 
 
@@ -144,6 +145,8 @@ class SchedulerLoop:
                           checkpoint_interval_s=choices[0].checkpoint_interval_s,
                           candidates=pools_to_json(pools[:MAX_CANDIDATES]))
         with session(self.ctx.engine) as s:
+            if not _still_launchable(s, job.id, now):
+                return   # cancelled (or moved on) since this tick read it: no intent
             s.add(attempt)
             j = s.get(Job, job.id)
             move_job(j, JobState.STARTING)
@@ -294,6 +297,8 @@ class SchedulerLoop:
         self._no_capacity_until[job.id] = now + timedelta(seconds=RETRY_AFTER_NO_CAPACITY_S)
         with session(self.ctx.engine) as s:
             j = s.get(Job, job.id)
+            if j.state.is_terminal():
+                return   # cancelled since this tick read it: nothing waits any more
             if j.state is JobState.STARTING:
                 move_job(j, JobState.RECOVERING if j.last_step or attempts_of(s, j.id)
                          else JobState.QUEUED)
@@ -320,6 +325,18 @@ class SchedulerLoop:
                                            bundle_key=job.bundle_key, attempt=attempt.number,
                                            gpus=attempt.gpus,
                                            checkpoint_interval_s=attempt.checkpoint_interval_s))
+
+
+def _still_launchable(s: Any, job_id: str, now: datetime) -> bool:
+    """Lock the job's row if it is still live and not being cancelled (one conditional update).
+
+    `spotrun cancel` ends a never-launched job with the mirror-image update, so of an intent
+    and an immediate cancel racing, exactly one wins; the loser changes nothing.
+    """
+    res = s.execute(update(Job).where(Job.id == job_id, Job.state.in_(PLACED),
+                                      Job.cancel_requested == False)  # noqa: E712
+                    .values(updated_at=now).execution_options(synchronize_session=False))
+    return res.rowcount == 1
 
 
 @dataclass(frozen=True)

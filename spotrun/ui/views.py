@@ -20,7 +20,8 @@ from spotrun.db import Attempt, AttemptNode, Event, Job, SpendEntry, attempts_of
     iter_jobs, nodes_of, open_settings_db, session
 from spotrun.daemon.savefail import save_warnings
 from spotrun.errors import NotFoundError
-from spotrun.reports import ExitReport, Heartbeat, parse_report
+from spotrun.reports import ExitReport, Heartbeat, Notice, parse_report
+from spotrun.states import JobState
 from spotrun.ui.clock import clock_info, provider_now, time_scale
 
 LOG_TAIL_BYTES = 8000
@@ -48,7 +49,8 @@ class Reports:
             return None
 
     def final_step(self, job: Job, att: Attempt) -> int | None:
-        """The last step the attempt's agent reported (its last heartbeat or its exit)."""
+        """The highest step the attempt's agent reported reached or saved (its last heartbeat,
+        its exit, the emergency save of its notice)."""
         known = (job.id, att.number)
         if known in self._final:
             return self._final[known]
@@ -58,6 +60,10 @@ class Reports:
             rep = self._report(job.store_uri, key, cls)
             if rep is not None and rep.step is not None:
                 steps.append(rep.step)
+        # A save the notice triggered may land after the last heartbeat: the job reached it.
+        notice = self._report(job.store_uri, layout.notice_key(job.id, att.number), Notice)
+        if notice is not None and notice.emergency_checkpoint_step is not None:
+            steps.append(notice.emergency_checkpoint_step)
         found = max(steps) if steps else None
         if getattr(att, "ended_at", None) is not None:
             self._final[known] = found
@@ -169,6 +175,18 @@ def spend_by_job(s: Session) -> dict[str, float]:
     return {jid: float(total or 0.0) for jid, total in rows}
 
 
+# Jobs only a daemon moves on: without one they wait whatever their recorded reason says.
+WAITS_FOR_DAEMON = (JobState.QUEUED, JobState.RECOVERING)
+
+
+def daemon_missing(settings: Any, engine: Any) -> str | None:
+    """The reason queued jobs give while no daemon holds the lease; None while one does."""
+    from spotrun.daemon.lease import live_holder, no_daemon_reason
+    if live_holder(engine) is not None:
+        return None
+    return no_daemon_reason(settings.home_path)
+
+
 def status_view(settings: Any, ref: str | None = None, *, events: bool = False,
                 reports: Reports | None = None, engine: Any = None) -> Any:
     """`spotrun status --json`: a list of jobs; with ref, that one job as an object."""
@@ -176,15 +194,22 @@ def status_view(settings: Any, ref: str | None = None, *, events: bool = False,
     reports = reports or Reports()
     clock = clock_info(settings)
     now: datetime | None = None
+    no_daemon: str | None = None
     with session(engine) as s:
         jobs = [_job(s, ref)] if ref else list(iter_jobs(s))
         spend = spend_by_job(s)
+        if any(j.state in WAITS_FOR_DAEMON for j in jobs):
+            no_daemon = daemon_missing(settings, engine)
         data = []
         for j in jobs:
             atts = attempts_of(s, j.id)
             d = job_dict(j, atts, reports=reports, spend_usd=spend.get(j.id, 0.0),
                          clock=clock, nodes={a.id: nodes_of(s, a.id) for a in atts
                                              if is_multi(a)})
+            if no_daemon and j.state in WAITS_FOR_DAEMON \
+                    and all(a.state.is_terminal() for a in atts):
+                # Whatever the job last waited for, nothing moves it until a daemon runs.
+                d["reason"] = no_daemon
             dl = d["deadline_at_market"]
             if dl is not None and not j.state.is_terminal():
                 now = now or provider_now(settings)   # reads the market's clock: only if needed
