@@ -86,7 +86,7 @@ def test_plan_shows_a_70b_fsdp_job_on_two_nodes_per_node_and_total(
     path = tmp_path / "llama-70b.yaml"
     path.write_text(yaml.safe_dump(BIG))
     env = {"SPOTRUN_HOME": str(tmp_path)}
-    res = CliRunner().invoke(cli, ["plan", str(path), "--json"], env=env)
+    res = CliRunner().invoke(cli, ["plan", "--offline", str(path), "--json"], env=env)
     assert res.exit_code == 0, res.output
     out = json.loads(res.output)
     assert out["candidates"]
@@ -96,7 +96,7 @@ def test_plan_shows_a_70b_fsdp_job_on_two_nodes_per_node_and_total(
             2 * row["price_usd_per_hour"], abs=1e-3)
         assert row["expected_usd"] == pytest.approx(
             row["total_price_usd_per_hour"] * row["expected_hours"], rel=1e-2)
-    table = CliRunner().invoke(cli, ["plan", str(path)], env=env)
+    table = CliRunner().invoke(cli, ["plan", "--offline", "--wide", str(path)], env=env)
     assert table.exit_code == 0, table.output
     first = out["candidates"][0]
     assert "2x8/8" in table.output
@@ -113,3 +113,21 @@ def test_catalog_says_which_types_have_efa() -> None:
             "p4de.24xlarge", "p5.48xlarge", "p5e.48xlarge", "p5en.48xlarge"}
     assert all(isinstance(t.extra.get("efa"), bool) for t in cat.types.values())
     assert {n for n, t in cat.types.items() if t.efa} == want
+
+
+def test_plan_of_two_nodes_fits_80_columns_with_per_node_and_total(tmp_path: Path) -> None:
+    (tmp_path / "spotrun.toml").write_text('provider = "aws"\nregion = "us-east-1"\n')
+    path = tmp_path / "llama-70b.yaml"
+    path.write_text(yaml.safe_dump(BIG))
+    env = {"SPOTRUN_HOME": str(tmp_path), "COLUMNS": "80"}
+    out = json.loads(CliRunner().invoke(cli, ["plan", "--offline", str(path), "--json"],
+                                        env=env).output)
+    table = CliRunner().invoke(cli, ["plan", "--offline", str(path), "--top", "0"], env=env)
+    assert table.exit_code == 0, table.output
+    assert max(len(line) for line in table.output.splitlines()) <= 80
+    first = out["candidates"][0]
+    # $/h is never dropped: per node x nodes = total, whole, in the first ranked row.
+    row = next(line for line in table.output.splitlines() if line.startswith("│ 1 "))
+    assert (f"{first['price_usd_per_hour']:.3f} x2 = "
+            f"{first['total_price_usd_per_hour']:.2f}") in row
+    assert first["instance_type"] in row and first["zone"] in row

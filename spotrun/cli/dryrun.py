@@ -8,8 +8,8 @@ from typing import Any
 from rich.console import Console
 
 from spotrun.catalog import load_catalog
+from spotrun.cli.marketview import decide_on_market
 from spotrun.cli.tables import Column, print_table
-from spotrun.decide.from_settings import decide_for_cli, live_market
 from spotrun.config import Settings
 from spotrun.jobs import Submission
 from spotrun.providers.base import TAG_ATTEMPT, TAG_JOB, TAG_MANAGED, LaunchRequest, Pool
@@ -20,13 +20,14 @@ def dry_run_plan(sub: Submission, settings: Settings) -> dict[str, Any]:
     from spotrun.daemon.scheduler import AttemptPlan, build_agent_config
     catalog = load_catalog()
     spec = sub.spec
-    market, provider = live_market(settings, catalog, list(spec.resources.zones) or None)
-    placed = decide_for_cli(spec, settings, catalog, market, provider=provider)
+    # The same market plan reads (spotrun/cli/marketview.py), so both pick the same pool.
+    view, placed = decide_on_market(spec, settings, catalog, list(spec.resources.zones) or None)
+    provider = view.provider
     out: dict[str, Any] = {"job_id": sub.job_id, "name": spec.name,
-                           "checkpoint_uri": sub.checkpoint_uri, **placed.to_dict(),
-                           "launch": None}
+                           "checkpoint_uri": sub.checkpoint_uri,
+                           **view.annotate(placed.to_dict()), "launch": None}
     first = placed.first
-    if first is None:
+    if first is None or provider is None:
         return out
     # The agent's config from the same values the daemon will use (no database rows).
     plan = AttemptPlan(job_id=sub.job_id, spec=spec, store_uri=sub.store_uri,
@@ -44,11 +45,12 @@ def dry_run_plan(sub: Submission, settings: Settings) -> dict[str, Any]:
     return out
 
 
-def print_plan(plan: dict[str, Any]) -> None:
-    """The dry-run as tables."""
+def print_plan(plan: dict[str, Any], *, wide: bool = False) -> None:
+    """The dry-run as tables (every column with wide)."""
     console = Console()
+    prices = plan["prices"].get("summary") or plan["prices"]["source"]
     console.print(f"[bold]dry run[/bold]: {plan['name']} (would be {plan['job_id']}); "
-                  f"checkpoints to {plan['checkpoint_uri']}; prices: {plan['prices']['source']}; "
+                  f"checkpoints to {plan['checkpoint_uri']}; prices: {prices}; "
                   f"nothing was written")
     rows = []
     for i, c in enumerate(plan["candidates"], 1):
@@ -67,12 +69,15 @@ def print_plan(plan: dict[str, Any]) -> None:
         Column("n", "#"), Column("type", "type"), Column("zone", "zone"),
         Column("market", "market"), Column("gpus", "GPUs"), Column("price", "$/h"),
         Column("ref", "$/ref-h", 2), Column("hours", "exp. h", 3), Column("usd", "exp. $", 1)],
-        rows)
+        rows, wide=wide)
     for w in plan.get("warnings") or []:
         console.print(f"[yellow]warning:[/yellow] {w}")
     if plan["launch"]:
         console.print(f"provider {plan['launch']['provider']} would make these calls:")
         for call in plan["launch"]["calls"]:
             console.print(f"  {json.dumps(call, default=str)[:300]}")
+    elif any(c.get("launch") for c in plan["candidates"]):
+        # Catalog prices stood in for an unreadable market: no provider to plan the calls.
+        console.print("no launch calls shown: the provider's market could not be read")
     else:
         console.print(f"[bold red]nothing launches now[/bold red]: {plan.get('wait_reason')}")

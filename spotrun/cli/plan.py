@@ -1,53 +1,110 @@
-"""`spotrun plan job.yaml`: the decision, every candidate by modelled $ per unit of progress."""
+"""`spotrun plan JOB.yaml...`: the decision, every candidate by modelled $ per unit of progress."""
 
 from __future__ import annotations
 
 import click
-from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from spotrun.catalog import load_catalog
+from spotrun.catalog import Catalog, load_catalog
 from spotrun.cli.common import echo_json, get_settings, json_option
-from spotrun.decide.from_settings import decide_for_cli, live_market, offline_market
+from spotrun.cli.marketview import MarketView, decide_on_market
+from spotrun.cli.tables import Column, print_table
+from spotrun.config import Settings
 from spotrun.decide import Candidate, Placement
-from spotrun.errors import BadInputError
-from spotrun.spec import load_spec_file
+from spotrun.errors import BadInputError, SpotrunError
+from spotrun.spec import JobSpec, load_spec_file
 from spotrun.states import Market
 from spotrun.zones import known_zones
 
+# Priority 0 is always shown; at a narrow width the highest numbers go first.
+COLUMNS = [
+    Column("rank", "#"), Column("type", "type"), Column("zone", "zone"),
+    Column("market", "market"), Column("gpus", "GPUs", 2, "right"),
+    Column("price", "$/h", 0, "right"), Column("speedup", "speedup", 5, "right"),
+    Column("progress", "progress", 4, "right"), Column("ref", "$/ref-h", 1, "right"),
+    Column("hours", "exp. h", 3, "right"), Column("usd", "exp. $", 1, "right"),
+    Column("reclaims", "reclaims/h", 6, "right"), Column("ckpt", "ckpt", 7, "right")]
+
 
 @click.command(name="plan")
-@click.argument("spec_file", metavar="JOB.yaml", type=click.Path(dir_okay=False))
+@click.argument("spec_files", metavar="JOB.yaml...", nargs=-1, required=True,
+                type=click.Path(dir_okay=False))
 @json_option
 @click.option("--zones", "zones_opt", multiple=True, metavar="ZONE",
-              help="Zones to consider (repeat or comma-separate); default: all known.")
-@click.option("--live", is_flag=True,
-              help="Decide on the provider's market as the daemon sees it (a running local "
-                   "market or its trace; EC2 prices), not the catalog's price snapshot.")
+              help="Zones to consider (repeat or comma-separate); default: the spec's, else "
+                   "every zone the provider offers.")
+@click.option("--offline", is_flag=True,
+              help="Decide on the packaged catalog's prices instead of the market the daemon "
+                   "reads.")
+# The market the daemon reads is the default now; --live stays so old scripts keep working.
+@click.option("--live", is_flag=True, hidden=True)
 @click.option("--top", type=click.IntRange(min=0), default=20, show_default=True,
               help="Table rows to show (0 = all); --json always carries every candidate.")
-def plan(spec_file: str, as_json: bool, zones_opt: tuple[str, ...], live: bool, top: int) -> None:
-    """Rank instance candidates for a job by modelled cost per unit of progress.
+@click.option("--wide", is_flag=True, help="Show every column, however wide the terminal.")
+def plan(spec_files: tuple[str, ...], as_json: bool, zones_opt: tuple[str, ...], offline: bool,
+         live: bool, top: int, wide: bool) -> None:
+    """Rank instance candidates for each job by modelled cost per unit of progress.
 
-    The same decision as `submit --dry-run` and the daemon: a job that can never run
-    (memory, GPUs per node, filters, deadline) exits 2 with the reason.
+    The same decision, on the same market, as `submit --dry-run` and the daemon: on the
+    local provider the running market, else its trace at the start row (nothing is
+    started); on AWS, EC2's prices. --offline uses the catalog's prices. A job that can
+    never run (memory, GPUs per node, filters, deadline) exits 2 with the reason; with
+    several spec files nothing is printed unless every one can be planned. --json prints
+    one object for one file, a list for several.
     """
+    if offline and live:
+        raise BadInputError("--live and --offline exclude each other", field="--offline",
+                            hint="the market the daemon reads is the default; --offline "
+                                 "alone for the catalog's prices")
     settings = get_settings()
     catalog = load_catalog()
     known = known_zones(settings)
-    spec = load_spec_file(spec_file, instance_types=catalog.names(), zones=known)
-    zones = _zones(zones_opt, known)
-    provider = None
-    if live:
-        market, provider = live_market(settings, catalog, zones)
-    else:
-        market = offline_market(settings, catalog, zones)
-    placed = decide_for_cli(spec, settings, catalog, market, provider=provider)
+    wanted = _zones(zones_opt, known)
+    several = len(spec_files) > 1
+    # Every spec is read before any is decided: a bad one anywhere prints nothing.
+    specs = [(path, _load(path, catalog, known, several)) for path in spec_files]
+    planned: list[tuple[str, JobSpec, MarketView, Placement]] = []
+    for path, spec in specs:
+        view, placed = _decide(path, spec, settings, catalog,
+                               wanted or list(spec.resources.zones) or None, offline, several)
+        planned.append((path, spec, view, placed))
     if as_json:
-        echo_json(placed.to_dict())
+        out = [{"spec_file": path, **view.annotate(placed.to_dict())}
+               for path, _, view, placed in planned]
+        echo_json(out[0] if len(out) == 1 else out)
         return
-    _print(placed, spec.name, top, spec.work.total_steps)
+    console = Console()
+    for i, (path, spec, view, placed) in enumerate(planned):
+        if i:
+            console.print()
+        _print(console, placed, spec.name, view, top=top, wide=wide,
+               total_steps=spec.work.total_steps, path=path if len(planned) > 1 else None)
+
+
+def _load(path: str, catalog: Catalog, known: list[str], several: bool) -> JobSpec:
+    try:
+        return load_spec_file(path, instance_types=catalog.names(), zones=known)
+    except SpotrunError as exc:
+        raise _naming(exc, path, several) from exc
+
+
+def _decide(path: str, spec: JobSpec, settings: Settings, catalog: Catalog,
+            zones: list[str] | None, offline: bool, several: bool
+            ) -> tuple[MarketView, Placement]:
+    try:
+        return decide_on_market(spec, settings, catalog, zones, offline=offline)
+    except SpotrunError as exc:
+        raise _naming(exc, path, several) from exc
+
+
+def _naming(exc: SpotrunError, path: str, several: bool) -> SpotrunError:
+    """With several spec files, the error names the file it is about (same exit code)."""
+    if not several:
+        return exc
+    named = SpotrunError(f"{path}: {exc}")
+    named.exit_code = exc.exit_code
+    return named
 
 
 def _zones(zones_opt: tuple[str, ...], known: list[str]) -> list[str]:
@@ -56,22 +113,25 @@ def _zones(zones_opt: tuple[str, ...], known: list[str]) -> list[str]:
         if z not in known:
             raise BadInputError(f"unknown zone {z!r}; allowed: {', '.join(known)}",
                                 field="--zones", value=z)
-    return wanted or known
+    return wanted
 
 
 def _fmt(x: float | None, spec: str) -> str:
     return "-" if x is None else format(x, spec)
 
 
-def _row(c: Candidate, rank: str, scale: float) -> list[str]:
-    return [rank, c.instance_type, c.zone, "od" if c.market is Market.ON_DEMAND else "spot",
-            (f"{c.nodes}x" if c.nodes > 1 else "") + f"{c.gpus}/{c.node_gpus}",
-            _fmt(c.price_usd_per_hour, ".3f") + (
-                f" x{c.nodes} = {c.price_usd_per_hour * c.nodes:.2f}" if c.nodes > 1 else ""),
-            _fmt(c.speedup, ".2f"), _fmt(c.progress_fraction, ".1%"),
-            _fmt(c.usd_per_reference_hour, ".3f"), _fmt(c.expected_hours, ".1f"),
-            _fmt(c.expected_usd, ",.2f"), _fmt(c.reclaims_per_hour, ".2f"),
-            f"{c.checkpoint_interval_s / 60:.0f} min"]
+def _row(c: Candidate, rank: str) -> dict[str, str]:
+    price = _fmt(c.price_usd_per_hour, ".3f")
+    if c.nodes > 1 and c.price_usd_per_hour is not None:
+        price += f" x{c.nodes} = {c.price_usd_per_hour * c.nodes:.2f}"
+    return {"rank": rank, "type": c.instance_type, "zone": c.zone,
+            "market": "od" if c.market is Market.ON_DEMAND else "spot",
+            "gpus": (f"{c.nodes}x" if c.nodes > 1 else "") + f"{c.gpus}/{c.node_gpus}",
+            "price": price, "speedup": _fmt(c.speedup, ".2f"),
+            "progress": _fmt(c.progress_fraction, ".1%"),
+            "ref": _fmt(c.usd_per_reference_hour, ".3f"), "hours": _fmt(c.expected_hours, ".1f"),
+            "usd": _fmt(c.expected_usd, ",.2f"), "reclaims": _fmt(c.reclaims_per_hour, ".2f"),
+            "ckpt": f"{c.checkpoint_interval_s / 60:.0f} min"}
 
 
 def _work_text(work_reference_hours: float | None, total_steps: int | None) -> str:
@@ -84,58 +144,52 @@ def _work_text(work_reference_hours: float | None, total_steps: int | None) -> s
     return "size unknown (give work.reference_hours or work.total_steps): rates only"
 
 
-def _prices_text(source: str) -> str:
-    """Where the $/h figures come from; the catalog's are list prices, not a market's."""
-    if source == "catalog snapshot":
-        return "catalog prices (the packaged snapshot, not a live market; --live for that)"
-    return source
-
-
-def _print(placed: Placement, name: str, top: int, total_steps: int | None = None) -> None:
-    # The table needs ~130 columns; a narrower (or piped) console would elide the figures.
+def _print(console: Console, placed: Placement, name: str, view: MarketView, *, top: int,
+           wide: bool, total_steps: int | None = None, path: str | None = None) -> None:
     r = placed.ranking
-    multi = r.candidates[0].nodes if r.candidates else 1   # "$/h x N = total" needs ~20 more
-    console = Console(width=max(Console().width, 132 if multi == 1 else 152))
+    multi = r.candidates[0].nodes if r.candidates else 1
     what = _work_text(r.work_reference_hours, total_steps)
-    console.print(f"[bold]spotrun plan: {name}[/]: {what}; speedup is over "
-                  f"{r.reference_instance}; prices: {_prices_text(placed.market.source)}")
-    table = Table(box=box.SIMPLE_HEAD, pad_edge=False)
-    for col in ("#", "type", "zone", "market", "GPUs", "$/h", "speedup", "progress", "$/ref-h",
-                "exp. h", "exp. $", "reclaims/h", "ckpt"):
-        table.add_column(col, justify="left" if col in ("type", "zone", "market") else "right",
-                         no_wrap=True)
+    where = f" ({path})" if path else ""
+    console.print(f"[bold]spotrun plan: {name}[/]{where}: {what}; speedup is over "
+                  f"{r.reference_instance}; prices: {view.prices_text()}")
+    rows: list[dict[str, str]] = []
+    styles: list[str | None] = []
     if r.reference is not None:
-        table.add_row(*_row(r.reference, "ref", placed.time_scale), style="bold cyan",
-                      end_section=True)
-    rows = placed.ordered()
-    shown = rows if top == 0 else rows[:top]
+        rows.append(_row(r.reference, "ref"))
+        styles.append("bold cyan")
+    ordered = placed.ordered()
+    shown = ordered if top == 0 else ordered[:top]
     for i, c in enumerate(shown, 1):
         launch = i <= len(placed.candidates)
-        table.add_row(*_row(c, str(i) if launch else f"({i})", placed.time_scale),
-                      style=None if launch and not c.misses_deadline else "dim")
-    console.print(table)
+        rows.append(_row(c, str(i) if launch else f"({i})"))
+        styles.append(None if launch and not c.misses_deadline else "dim")
+    print_table(console, None, COLUMNS, rows, wide=wide, row_styles=styles,
+                sections_after=(0,) if r.reference is not None else ())
     console.print("GPUs = used/on the node (the whole node is paid); ( ) = not launched now; "
-                  "exp. = expected for the remaining work")
+                  "exp. = expected for the remaining work", highlight=False)
     if multi > 1:
         console.print(f"{multi} nodes: $/h = per node x nodes = total; speedup and "
-                      f"exp. are for all nodes together (EFA types scale better across nodes)")
-    if len(shown) < len(rows):
-        console.print(f"... {len(rows) - len(shown)} more candidates "
-                      f"(--top 0 for all, --json for every figure)")
+                      f"exp. are for all nodes together (EFA types scale better across nodes)",
+                      highlight=False)
+    if len(shown) < len(ordered):
+        console.print(f"... {len(ordered) - len(shown)} more candidates "
+                      f"(--top 0 for all, --json for every figure)", highlight=False)
     if placed.wait_reason:
         console.print(f"[bold yellow]nothing launches now[/]: {placed.wait_reason}")
-    for w in placed.warnings:
+    for w in view.warnings() + list(placed.warnings):
         console.print(f"[yellow]warning:[/] {w}")
     for note in r.notes:
         console.print(f"note: {note}")
-    never = [x for x in r.rejected if x.kind == "never"]
+    # One row per type (its first reason); the reason wraps beside the type at any width.
+    never: dict[str, str] = {}
+    for x in r.rejected:
+        if x.kind == "never":
+            never.setdefault(x.instance_type, x.reason)
     if never:
-        bad = Table(title="cannot run the job", title_justify="left", box=box.SIMPLE_HEAD)
-        bad.add_column("type")
-        bad.add_column("reason")
-        seen: set[str] = set()
-        for x in never:
-            if x.instance_type not in seen:
-                seen.add(x.instance_type)
-                bad.add_row(x.instance_type, x.reason)
-        console.print(bad)
+        console.print("cannot run the job:")
+        grid = Table.grid(padding=(0, 1))
+        grid.add_column(no_wrap=True)
+        grid.add_column(overflow="fold")
+        for itype, reason in never.items():
+            grid.add_row(f" {itype}", reason)
+        console.print(grid, highlight=False)

@@ -53,8 +53,13 @@ def fit_columns(columns: Sequence[Column], rows: Sequence[dict[str, str]], width
 
 def print_table(console: Console, title: str | None, columns: Sequence[Column],
                 rows: Sequence[dict[str, str]], *, wide: bool = False,
-                bold_rows: Sequence[int] = ()) -> None:
-    """Print rows (key -> cell text) as a table that fits console.width (or all, with wide)."""
+                bold_rows: Sequence[int] = (), row_styles: Sequence[str | None] = (),
+                sections_after: Sequence[int] = ()) -> None:
+    """Print rows (key -> cell text) as a table that fits console.width (or all, with wide).
+
+    row_styles: a rich style per row (overrides bold_rows); sections_after: row indexes
+    followed by a rule (a reference row above the ranked ones, say).
+    """
     shown, dropped = fit_columns(columns, rows, console.width, wide)
     t = Table(title=title)
     for c in shown:
@@ -62,8 +67,9 @@ def print_table(console: Console, title: str | None, columns: Sequence[Column],
         t.add_column(c.header, justify=c.justify, no_wrap=True,  # type: ignore[arg-type]
                      min_width=_width(c, rows))
     for i, r in enumerate(rows):
-        t.add_row(*[str(r.get(c.key, "")) for c in shown],
-                  style="bold" if i in bold_rows else None)
+        style = row_styles[i] if i < len(row_styles) else ("bold" if i in bold_rows else None)
+        t.add_row(*[str(r.get(c.key, "")) for c in shown], style=style,
+                  end_section=i in sections_after)
     if wide:
         Console(width=max(console.width, sum(_width(c, rows) + _PER_COLUMN for c in shown) + 1),
                 file=console.file, force_terminal=console.is_terminal,
