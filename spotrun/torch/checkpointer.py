@@ -38,7 +38,7 @@ from spotrun.store import open_store
 from spotrun.store.base import ObjectStore
 from spotrun.store.progress import network_progress
 from spotrun.torch import envconf
-from spotrun.torch.dist import DistContext
+from spotrun.torch.dist import DistContext, _unwrap
 from spotrun.torch.flatten import Slot, decode
 from spotrun.torch.notice import EMERGENCY, LAST, NoticeGuard
 from spotrun.torch.persist import Outcome, Persister, failure
@@ -145,6 +145,8 @@ class Checkpointer(StateMixin):
         self._io = threading.RLock()                     # one user of buffer + persister at a time
         self._boundary: tuple[int, int] | None = None    # (thread, step) of a save at step()
         self._recorded: tuple[int, Any, dict[str, Any]] | None = None   # (step, rng, extras)
+        self._buffers_at: tuple[int, dict[str, Any]] | None = None       # (step, buffer copies)
+        self._written_step: int | None = None            # step in the progress file
         self._record_safe = not self.dist.distributed and not self.dist.sharded
         has_hook = callable(getattr(optimizer, "register_step_pre_hook", None))
         self.overlap_snapshot = overlap_snapshot and has_hook
@@ -160,6 +162,7 @@ class Checkpointer(StateMixin):
                                  margin_s=notice_margin_s, install_signal=install_signal,
                                  clock=clock, wall=wall)
         self.guard.on_saved = self._on_urgent_saved
+        self.guard.on_tick = self._refresh_progress
         self.guard.start()
 
     # -- hooks: where a step starts --------------------------------------------
@@ -187,8 +190,21 @@ class Checkpointer(StateMixin):
             self.checkpoint_save_s += waited
 
     def _before_forward(self, module: Any, _args: Any) -> None:
-        if module.training:
+        if not module.training:
+            return
+        if self._record_safe:
+            # Only the buffers change (BatchNorm statistics): keep them as of the last
+            # finished step, which stays saveable; the weights change at optimizer.step().
+            self.guard.step_touched(self._record_buffers)
+        else:
             self.guard.step_started()
+
+    def _record_buffers(self) -> None:
+        """Copy the model's buffers as they are at the last finished step (once per step)."""
+        step = self.guard.safe_step
+        with torch.no_grad():   # named as in the state dict: without a DDP wrapper's prefix
+            copies = {name: b.detach().clone() for name, b in _unwrap(self.model).named_buffers()}
+        self._buffers_at = (step, copies) if step is not None else None
 
     def step_started(self) -> None:
         """Tell the library a step is about to change the state (integrations; hooks do it otherwise)."""
@@ -253,6 +269,12 @@ class Checkpointer(StateMixin):
             if rec is None or rec[0] != step:
                 raise RuntimeError(f"no state recorded at step {step}")
             tree = self.state_tree_local(step, rng=rec[1], extras=rec[2])
+            bufs = self._buffers_at
+            if bufs is not None and bufs[0] == step and "model" in tree:
+                # A train-mode forward since the step: its buffers as they were at the step.
+                sd = tree["model"]   # a fresh state dict: changed in place, its metadata kept
+                for key in sd.keys() & bufs[1].keys():
+                    sd[key] = bufs[1][key]
             snap = self.buffer.capture(step, tree)   # whole copy: the loop may go on after release
             self._copying = None
             release()
@@ -346,6 +368,23 @@ class Checkpointer(StateMixin):
         # What a later save of this step needs that the loop changes outside a step.
         if self._record_safe:
             self._recorded = (step, get_rng_state(), extras_tree(self.extras))
+            self._buffers_at = None   # copied again at the first train-mode forward after it
+
+    def write_progress(self) -> None:
+        """Rewrite the progress file now."""
+        self._written_step = self.current_step
+        super().write_progress()
+
+    def _refresh_progress(self) -> None:
+        """From the watchdog: report the last step once the loop stops stepping (an evaluation).
+
+        step() writes the progress file at most every progress_interval_s, so a loop
+        that finishes its steps and starts a long evaluation would leave an older
+        step there (and in the agent's heartbeat) until the evaluation ends.
+        """
+        if self._written_step != self.current_step and \
+                self.clock() - self._last_progress_t >= self.progress_interval_s:
+            self.write_progress()
 
     def step(self, step: int) -> bool:
         """Call after each training step with the steps completed; saves when due. True if saved."""

@@ -9,6 +9,11 @@ function. It knows three things:
   step is about to change the weights) the state is "clean at step n". A save
   of step n may then run from any thread while the loop evaluates, loads data
   or logs. `step_started()` blocks while such a save copies the state.
+  `step_touched(record)` is the middle ground: the loop is about to change
+  something the owner can record first (a train-mode forward updates BatchNorm
+  statistics; the Checkpointer keeps a copy of the buffers as of step n), so
+  step n can still be saved; a step may be under way, so the watchdog then
+  waits about two step times for the boundary before it saves.
 * **That a notice came.** SIGUSR1 (the agent's interruption notice), or the
   notice file the agent writes first (`$SPOTRUN_NOTICE_FILE`, JSON with the
   termination time). The file is read when the guard starts, so a notice sent
@@ -68,6 +73,7 @@ NOTICE_FILE_ENV = "SPOTRUN_NOTICE_FILE"
 EMERGENCY, LAST = "emergency", "last"
 DEFAULT_GRACE_S = 1.0       # wait this long for a step boundary before saving from the watchdog
 DEFAULT_TICK_S = 0.1        # watchdog: longest it sleeps between looks at the notice file
+TOUCHED_STEPS = 2.0         # a touched state waits this many step times for the boundary
 STEP_EMA = 0.2              # weight of the newest step interval in the step-time estimate
 
 SaveFn = Callable[[int, str, Callable[[], None]], None]
@@ -143,6 +149,7 @@ class NoticeGuard:
         self._running: str | None = None          # kind of the save in progress
         self._last_boundary: float | None = None
         self._clean_since: float | None = None
+        self._touched_since: float | None = None  # step_touched() since the last boundary
         self._state = threading.RLock()           # held while a save copies the state
         self._signalled = False
         self._file_seen = False
@@ -155,6 +162,7 @@ class NoticeGuard:
         # Closes the pipe once: at close(), or when an unclosed guard is collected.
         self._finalizer = weakref.finalize(self, _close_pipe, self._stop, self._wake_r, self._wake_w)
         self.on_saved: Callable[[str, int, float], None] | None = None
+        self.on_tick: Callable[[], None] | None = None   # the watchdog calls it every pass
 
     # -- lifecycle ----------------------------------------------------------------
 
@@ -264,6 +272,24 @@ class NoticeGuard:
         with self._state:
             self.safe_step = None
             self._clean_since = None
+            self._touched_since = None
+
+    def step_touched(self, record: Callable[[], None] | None = None) -> None:
+        """The loop is about to change state that `record()` copies first: step n stays saveable.
+
+        Called before, e.g., a train-mode forward (it updates BatchNorm statistics but
+        not the weights): `record()` runs once per step boundary, while no save copies the
+        state. A loop that never reaches the next boundary (an evaluation or a logging
+        forward in train mode) then still gets its last finished step saved.
+        """
+        if self.safe_step is None or self._touched_since is not None:
+            return
+        with self._state:
+            if self.safe_step is None or self._touched_since is not None:
+                return
+            if record is not None:
+                record()
+            self._touched_since = self.clock()
 
     def step_finished(self, step: int) -> str | None:
         """Step `step` is done and the state consistent; returns the kind of save due now, if any."""
@@ -275,6 +301,7 @@ class NoticeGuard:
         with self._state:
             self.safe_step = step
             self._clean_since = now
+            self._touched_since = None
         return self.due(lookahead_s=self.step_s or 0.0)
 
     def due(self, *, lookahead_s: float = 0.0) -> str | None:
@@ -396,6 +423,18 @@ class NoticeGuard:
             return self.grace_s
         return DEFAULT_GRACE_S if self.step_s is None else min(DEFAULT_GRACE_S, 0.5 * self.step_s)
 
+    def wait_s(self) -> float:
+        """How long the watchdog leaves the loop to reach a step boundary before it saves.
+
+        The grace for a clean state; for a touched one (a step may be under way, whose
+        boundary would save a newer step) about two step times, at least the default grace.
+        """
+        if self._touched_since is None:
+            return self.grace()
+        step_wait = DEFAULT_GRACE_S if self.step_s is None else \
+            max(DEFAULT_GRACE_S, TOUCHED_STEPS * self.step_s)
+        return max(self.grace(), step_wait)
+
     def tick(self) -> str | None:
         """One watchdog pass: save from this thread if a save is due and the loop is elsewhere."""
         kind = self.due()
@@ -404,7 +443,7 @@ class NoticeGuard:
         info = self.notice_info
         assert info is not None
         clean_for = self.clock() - max(self._clean_since or 0.0, info.received_at)
-        if kind == EMERGENCY and clean_for < self.grace():
+        if kind == EMERGENCY and clean_for < self.wait_s():
             return None
         if not self._state.acquire(blocking=False):
             return None   # the loop is saving, or a save is copying, right now
@@ -443,6 +482,8 @@ def _watch(ref: "weakref.ref[NoticeGuard]", wake_r: int, stop: threading.Event, 
             return
         try:
             guard.tick()
+            if guard.on_tick is not None:
+                guard.on_tick()
         except Exception:   # a failed save is reported by the owner; keep watching
             log.exception("background checkpoint failed")
         del guard
