@@ -123,6 +123,14 @@ def local_market(market_factory: MarketFactory, tmp_path: Path) -> MarketClient:
 
 
 
+@pytest.fixture
+def cpu_load() -> Iterator[Any]:
+    """Busy loops (two per core) for the test's duration: end-to-end tests run loaded."""
+    from load import BusyLoad
+    with BusyLoad() as load:
+        yield load
+
+
 @pytest.fixture(scope="session")
 def reference_runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     """Uninterrupted demo runs, one per argument string for the whole session (all workers)."""
@@ -138,7 +146,7 @@ def reference_runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
 # first. Under xdist (`--dist loadfile`) they are handed out first, so that no worker is left
 # alone with a long module at the end; a module missing here only loses its head start.
 HEAVY_MODULES = [
-    "test_multinode_e2e.py", "test_e2e_local.py", "test_faults_db.py", "test_multinode_agent.py",
+    "test_demo_e2e.py", "test_multinode_e2e.py", "test_e2e_local.py", "test_faults_db.py", "test_multinode_agent.py",
     "test_chaos.py", "test_notify.py", "test_faults_runtime.py", "test_provider_contract.py",
     "test_integrations_lightning.py", "test_outputs_e2e.py", "test_multinode_daemon.py",
     "aws/test_aws_e2e.py", "test_daemon_faults.py", "test_torch_multinode.py",

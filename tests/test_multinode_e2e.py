@@ -24,6 +24,7 @@ from spotrun.db import Job, attempts_of, nodes_of, session
 from spotrun.jobs import submit, validate_submission
 from spotrun.states import EndReason, JobState
 
+from load import BusyLoad
 from conftest import kill_leftovers, write_trace
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]   # torch warms up on first use
@@ -72,7 +73,8 @@ def rig(tmp_path_factory):
     runner = build_runner(ctx)
     runner.start()
     try:
-        yield ctx, root, home
+        with BusyLoad():   # a loaded machine, as users' and CI's are
+            yield ctx, root, home
     finally:
         runner.stop(wait=True)
         kill_leftovers(home / "market")
@@ -94,7 +96,7 @@ def two_holds(script: str) -> str:
 
 
 def _submit(rig, name: str, nodes: str, hold: bool, script: str = "train.py",
-            keep_alive_tries: int = 2) -> tuple[str, Path, Path]:
+            keep_alive_tries: int = 2, extra: str = "") -> tuple[str, Path, Path]:
     ctx, root, _ = rig
     out, hold_dir = root / f"out-{name}", root / f"hold-{name}"
     out.mkdir()
@@ -106,7 +108,7 @@ def _submit(rig, name: str, nodes: str, hold: bool, script: str = "train.py",
                     "workdir: code\n"
                     f"resources: {{nodes: {nodes if nodes.isdigit() else repr(nodes)}}}\n"
                     f"env: {JOB_ENV % keep_alive_tries}\nwork: {{total_steps: {STEPS}}}\n"
-                    "policy: {market: spot}\n")
+                    "policy: {market: spot}\n" + extra)
     job = submit(validate_submission(spec, ctx.settings), ctx.engine)
     return job.id, out, hold_dir
 
@@ -240,3 +242,13 @@ def test_elastic_job_trains_on_one_node_while_the_replacement_is_refused(rig):
     wait_for(lambda: "/2 node" in _node_output(ctx, job_id, back[1]), 60,
              "the replacement's log: a world of 2", interval_s=0.2)
     assert (out / "final-params.sha256").exists()
+
+
+def test_a_two_node_job_relying_on_the_notice_launches_and_finishes(rig):
+    """checkpoint.interval_minutes: 600 (no periodic save in the run): the progress model
+    counts the emergency save on the notice, so the job is launched, not queued forever."""
+    ctx, _, _ = rig
+    job_id, _, _ = _submit(rig, "notice-only", "2", hold=False,
+                           extra="checkpoint: {interval_minutes: 600}\n")
+    done = _done(ctx, job_id)
+    assert done.state is JobState.SUCCEEDED, done.reason

@@ -17,6 +17,7 @@ import hashlib
 import os
 import random
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -45,6 +46,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--checkpoint-every-steps", type=int, default=None)
     p.add_argument("--progress-interval-s", type=float, default=1.0)
     p.add_argument("--sync-save", action="store_true", help="persist in the training thread")
+    p.add_argument("--min-step-s", type=float, default=0.0,
+                   help="wall seconds a step takes at least (the demo: a fast machine still "
+                        "trains long enough to meet its reclaims)")
     return p.parse_args(argv)
 
 
@@ -115,6 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     it = batches(loader)
     model.train()
     for step in range(start, args.steps):
+        began = time.monotonic()
         x, y = next(it)
         x = x + torch.from_numpy(np.random.normal(0.0, 0.05, size=x.shape).astype(np.float32))
         x = x * (0.9 + 0.2 * random.random())
@@ -127,6 +132,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"step {step + 1}/{args.steps} loss {loss.item():.4f} "
                   f"lr {sched.get_last_lr()[0]:.2e}", flush=True)
         ckpt.step(step + 1)
+        rest = args.min_step_s - (time.monotonic() - began)
+        if rest > 0:
+            time.sleep(rest)   # the demo's floor on step time; no effect on the numbers
     ckpt.finish(args.steps)
     ckpt.close()
     print(f"final-params-sha256: {params_sha256(model)}", flush=True)
