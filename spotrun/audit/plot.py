@@ -79,7 +79,7 @@ def _panel(ax, job: JobAudit, mdates) -> None:
     ax.set_title(f"{job.id} ({job.state}): {job.preemptions} preemption(s){saved}", fontsize=10)
     ax.set_ylabel("cumulative USD")
     ax.set_xlabel("provider time (UTC)" if job.time_scale == 1.0 else
-                  f"market time (UTC; the market runs x{job.time_scale:g} the wall)")
+                  f"market time (UTC; the market runs up to x{job.time_scale:g} the wall)")
     locator = mdates.AutoDateLocator()
     ax.xaxis.set_major_locator(locator)
     ax.xaxis.set_major_formatter(mdates.ConciseDateFormatter(locator))

@@ -159,7 +159,7 @@ def print_timeline(console: Console, d: dict[str, Any], events: list[dict[str, A
     for w in d.get("warnings", []):
         console.print(f"[yellow]warning[/yellow] {w}")
     if scale != 1.0:
-        console.print(f"times: run and start on the market clock (x{scale:g} the wall); "
+        console.print(f"times: run and start on the market clock (up to x{scale:g} the wall); "
                       "events on the wall clock", style="dim", soft_wrap=True)
     cols = [Column("n", "#", 0, "right"), Column("steps", "steps", 0),
             Column("end", "end", 0), Column("pool", "pool", 1),

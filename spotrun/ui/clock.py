@@ -32,7 +32,7 @@ def clock_info(settings: Any) -> dict[str, Any]:
     """The clock facts every JSON view carries, so no time is read on the wrong clock."""
     scale = time_scale(settings)
     return {"provider_clock": clock_label(scale), "time_scale": scale,
-            "market_keys": "*_market: the provider's clock (bills; x time_scale the wall)",
+            "market_keys": "*_market: the provider's clock (bills; up to x time_scale the wall)",
             "wall_keys": "*_wall: the wall clock (what spotrun did when)"}
 
 

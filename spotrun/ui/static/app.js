@@ -21,7 +21,7 @@ async function getJSON(url) {
 function setClock(clock) {
   if (!clock) return;
   document.getElementById("clock").textContent = clock.provider_clock === "market"
-    ? "times: market clock (x" + clock.time_scale + " the wall)" : "times: provider clock";
+    ? "times: market clock (up to x" + clock.time_scale + " the wall)" : "times: provider clock";
 }
 
 async function jobList() {
