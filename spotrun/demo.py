@@ -138,7 +138,9 @@ def proof(status: dict[str, Any], audit: dict[str, Any]) -> dict[str, Any]:
         if not (prev["resumed_from"] or 0) < start <= prev_to:
             failures.append(f"attempt {att['number']} resumed from {start}, not from a step "
                             f"attempt {prev['number']} saved past its start")
-        if att["end_reason"] in ("reclaimed", "completed") and (att["ran_to"] or 0) <= start:
+        finished_before = status["total_steps"] is not None and start >= status["total_steps"]
+        if att["end_reason"] in ("reclaimed", "completed") and (att["ran_to"] or 0) <= start \
+                and not finished_before:   # a job reclaimed after its last step only exits
             failures.append(f"attempt {att['number']} did not train past step {start}")
     reclaims = sum(1 for a in atts if a["end_reason"] == "reclaimed")
     if reclaims < 2:
