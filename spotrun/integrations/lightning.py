@@ -1,7 +1,7 @@
 """PyTorch Lightning on spot instances: a callback, a resumable data loader, a resume helper.
 
     spot = SpotrunCallback()
-    train = ResumableDataLoader(dataset, batch_size=32, shuffle=True, seed=0)
+    train = ResumableDataLoader(dataset, batch_size=32, shuffle=True)   # DataLoader's arguments
     trainer = L.Trainer(max_steps=..., callbacks=[spot])
     trainer.fit(model, train, val, ckpt_path=ckpt_path())
 
@@ -14,8 +14,9 @@ mid-epoch resume needs a stateful train loader (Lightning saves its `state_dict`
 training batch end, or at the next validation batch during a validation.
 
 Exact resume also needs the random state: the callback stores it in the checkpoint and
-puts it back before the first batch after a resume; a validation inside `fit` leaves the
-training random state as it found it (so where a validation ran does not matter).
+puts it back at the start of a resumed fit. Neither the callback nor the loader moves the
+random state of an uninterrupted run, so the script gives bitwise the results of the same
+script with a stock DataLoader and no callback.
 """
 
 from __future__ import annotations
@@ -67,54 +68,116 @@ def _rng_load(saved: dict[str, Any]) -> None:
 
 
 class EpochSampler(Sampler[int]):
-    """Shuffles with its own per-epoch seed; can start an epoch past its first `skip` indices."""
+    """Stock `RandomSampler` order, each epoch's draw recorded so a resume replays it.
 
-    def __init__(self, length: int, *, seed: int = 0, shuffle: bool = True) -> None:
-        self.length, self.seed, self.shuffle = length, seed, shuffle
+    Without a generator it draws the epoch's seed from torch's global generator when the
+    epoch's iteration starts, exactly as `RandomSampler(generator=None)` does; with one it
+    shuffles with that generator (its state at the epoch start is recorded). It can start
+    an epoch past its first `skip` indices.
+    """
+
+    def __init__(self, length: int, *, shuffle: bool = True,
+                 generator: torch.Generator | None = None) -> None:
+        self.length, self.shuffle, self.generator = length, shuffle, generator
         self.epoch = 0
         self.skip = 0
+        self.seed: int | None = None                        # drawn for the current epoch
+        self.generator_state: torch.Tensor | None = None    # generator's state at its start
+        self.replay: dict[str, Any] | None = None           # the next iteration reuses these
 
     def set_epoch(self, epoch: int) -> None:
-        """Lightning calls this at each epoch start."""
+        """Lightning calls this at each epoch start (the order does not depend on it)."""
         self.epoch = epoch
 
     def __len__(self) -> int:
         return self.length
 
     def __iter__(self) -> Iterator[int]:
+        # A generator function like RandomSampler.__iter__: the seed is drawn at the first
+        # next(), not at iter(), so the global random stream sees the same draw order.
         if self.shuffle:
-            g = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)
+            replay, self.replay = self.replay, None
+            if self.generator is None:
+                if replay and replay.get("seed") is not None:
+                    seed = int(replay["seed"])
+                else:
+                    seed = int(torch.empty((), dtype=torch.int64).random_().item())
+                self.seed = seed
+                g = torch.Generator()
+                g.manual_seed(seed)
+            else:
+                if replay and replay.get("generator_state") is not None:
+                    self.generator.set_state(replay["generator_state"])
+                self.generator_state = self.generator.get_state()
+                g = self.generator
             order = torch.randperm(self.length, generator=g).tolist()
         else:
             order = list(range(self.length))
         skip, self.skip = self.skip, 0
-        return iter(order[skip:])
+        yield from order[skip:]
 
 
 class ResumableDataLoader(DataLoader):
     """A DataLoader whose position Lightning saves and restores (its state_dict).
 
-    The shuffle and the loader's own seed come from private generators, so the data
-    order never depends on, or moves, the global random state. The callback tells it how
+    Same arguments and same batches as `DataLoader`: with `shuffle=True` and no generator
+    the order and the workers' base seed come from torch's global generator, drawn at the
+    same moments as the stock loader draws them, so swapping it in changes nothing. What
+    each epoch drew is recorded (the sampler's seed, the generator state the base seed
+    came from), and a resume mid-epoch replays it without drawing again. `seed=N` is
+    short for `generator=torch.Generator().manual_seed(N)`. The callback tells it how
     many batches of the epoch are done (a prefetching loop has handed out more).
     """
 
-    def __init__(self, dataset: Any, batch_size: int = 1, *, shuffle: bool = False,
-                 seed: int = 0, **kwargs: Any) -> None:
+    def __init__(self, dataset: Any, batch_size: int | None = 1, *, shuffle: bool = False,
+                 seed: int | None = None, generator: torch.Generator | None = None,
+                 **kwargs: Any) -> None:
+        if seed is not None:
+            if generator is not None:
+                raise ValueError("ResumableDataLoader: give seed or generator, not both")
+            generator = torch.Generator().manual_seed(seed)
         super().__init__(dataset, batch_size=batch_size,
-                         sampler=EpochSampler(len(dataset), seed=seed, shuffle=shuffle),
-                         generator=torch.Generator().manual_seed(seed), **kwargs)
+                         sampler=EpochSampler(len(dataset), shuffle=shuffle, generator=generator),
+                         generator=generator, **kwargs)
         self.batches_done = 0
+        self.base_rng: torch.Tensor | None = None   # the state this epoch's base seed came from
+        self._replay_base: torch.Tensor | None = None
+
+    def _get_iterator(self) -> Any:
+        source = self.generator
+        replay, self._replay_base = self._replay_base, None
+        if replay is not None and source is not None:
+            source.set_state(replay)    # the user's generator redraws what it drew then
+        elif replay is not None:
+            # Global mode: the base seed comes from a copy of the recorded state, so the
+            # global generator (restored by the callback) is not advanced a second time.
+            self.base_rng = replay
+            self.generator = torch.Generator()
+            self.generator.set_state(replay)
+            try:
+                return super()._get_iterator()
+            finally:
+                self.generator = source
+        self.base_rng = torch.get_rng_state() if source is None else source.get_state()
+        return super()._get_iterator()
 
     def state_dict(self) -> dict[str, Any]:
-        """Epoch and finished batches in it."""
-        return {"epoch": self.sampler.epoch, "batches_done": self.batches_done}
+        """Epoch, finished batches in it, and what the epoch drew (to replay its order)."""
+        return {"epoch": self.sampler.epoch, "batches_done": self.batches_done,
+                "seed": self.sampler.seed, "generator_state": self.sampler.generator_state,
+                "base_rng": self.base_rng}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """The next iteration starts after the finished batches."""
+        """The next iteration replays the saved epoch after its finished batches."""
         self.sampler.epoch = int(state["epoch"])
         self.batches_done = int(state["batches_done"])
+        if self.batches_done >= len(self):
+            self.batches_done = 0   # the epoch was finished: the next one draws afresh
+            return
         self.sampler.skip = self.batches_done * int(self.batch_size or 1)
+        self.sampler.replay = {"seed": state.get("seed"),
+                               "generator_state": state.get("generator_state")}
+        self._replay_base = state.get("base_rng")
 
 
 def _train_loaders(trainer: Any) -> list[ResumableDataLoader]:
@@ -141,41 +204,38 @@ class SpotrunCallback(pl.Callback):
         self.uploaded_step: int | None = None
         self.emergency_steps: list[tuple[int, str]] = []
         self._last_save_t = time.monotonic()
-        self._val_rng: dict[str, Any] | None = None    # training RNG stashed during a validation
-        self._rng_to_restore: dict[str, Any] | None = None
+        self._rng_to_restore: dict[str, Any] | None = None   # from the checkpoint resumed
 
     # -- random state -------------------------------------------------------------
-
-    def on_validation_start(self, trainer: Any, pl_module: Any) -> None:
-        """Stash the training random state: validation must not move it."""
-        self._val_rng = _rng_save()
-
-    def on_validation_end(self, trainer: Any, pl_module: Any) -> None:
-        """Put the training random state back."""
-        if self._val_rng is not None:
-            _rng_load(self._val_rng)
-            self._val_rng = None
+    # The callback never moves the random state of an uninterrupted run (so the script
+    # matches the same script without spotrun, bitwise); it only puts the saved state back
+    # on a resume. Draws Lightning makes between a save and the next step (a validation
+    # loader's base seed) it makes again on the resume, skipped validation included.
 
     def on_save_checkpoint(self, trainer: Any, pl_module: Any, checkpoint: dict[str, Any]) -> None:
-        """Add the training random state to the checkpoint."""
-        checkpoint["spotrun"] = {"rng": self._val_rng if self._val_rng is not None else _rng_save()}
+        """Add the random state to the checkpoint."""
+        checkpoint["spotrun"] = {"rng": _rng_save()}
 
     def on_load_checkpoint(self, trainer: Any, pl_module: Any, checkpoint: dict[str, Any]) -> None:
-        """Keep the saved random state for the first batch after the resume."""
+        """Keep the saved random state for the start of fit."""
         self._rng_to_restore = (checkpoint.get("spotrun") or {}).get("rng")
 
-    def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
-        """First batch after a resume: the random state of the step that was saved."""
+    def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
+        """Resume: the saved random state, before the train loader draws its next epoch."""
+        self._restore_saved_rng()
+
+    def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+        """Report the step training starts from."""
+        self._restore_saved_rng()    # strategies that restore the checkpoint after on_fit_start
+        self._last_save_t = time.monotonic()
+        self.progress.step(trainer.global_step, force=True)
+
+    def _restore_saved_rng(self) -> None:
         if self._rng_to_restore is not None:
             _rng_load(self._rng_to_restore)
             self._rng_to_restore = None
 
     # -- saving -------------------------------------------------------------------
-
-    def on_train_start(self, trainer: Any, pl_module: Any) -> None:
-        """Report the step training starts from."""
-        self._last_save_t = time.monotonic()
-        self.progress.step(trainer.global_step, force=True)
 
     def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
@@ -195,8 +255,8 @@ class SpotrunCallback(pl.Callback):
     def on_validation_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any,
                                 batch_idx: int, dataloader_idx: int = 0) -> None:
         """During a validation in fit: on a notice, checkpoint the last finished step now."""
-        if (self.notice.pending and not trainer.sanity_checking and trainer.state.fn == "fit" and trainer.global_step > 0
-                and self.uploaded_step != trainer.global_step):
+        if (self.notice.pending and not trainer.sanity_checking and trainer.state.fn == "fit"
+                and trainer.global_step > 0 and self.uploaded_step != trainer.global_step):
             self.save(trainer, "evaluation")
 
     def on_train_end(self, trainer: Any, pl_module: Any) -> None:
