@@ -29,14 +29,21 @@ from load import BusyLoad  # noqa: E402  (the suite's load tool: busy-loop proce
 SPOTRUN = [sys.executable, "-m", "spotrun"]
 
 
-def one_run(pacing: str, stall_s: float) -> dict:
+def one_run(pacing: str, stall_s: float, limit_s: float) -> dict:
     """One `spotrun demo` in a fresh home; its outcome from the demo's own checks."""
     with tempfile.TemporaryDirectory(prefix="demo-bench-") as tmp:
         home = Path(tmp) / "home"
         env = {**os.environ, "SPOTRUN_HOME": str(home), "COLUMNS": "100"}
         began = time.monotonic()
-        proc = subprocess.run(SPOTRUN + ["demo", "--pacing", pacing, "--stall-s", str(stall_s)],
-                              cwd=REPO, env=env, capture_output=True, text=True)
+        argv = SPOTRUN + ["demo", "--pacing", pacing, "--stall-s", str(stall_s)]
+        try:
+            proc = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True,
+                                  timeout=limit_s)
+        except subprocess.TimeoutExpired as exc:
+            out = exc.stdout.decode() if isinstance(exc.stdout, bytes) else (exc.stdout or "")
+            proc = subprocess.CompletedProcess(argv, 124, out + f"\nnot proved: still running "
+                                               f"after {limit_s:.0f} s", "")
+            subprocess.run(SPOTRUN + ["market", "stop"], env=env, capture_output=True)
         wall_s = time.monotonic() - began
         atts: list[dict] = []
         try:
@@ -63,13 +70,14 @@ def main() -> int:
     ap.add_argument("--peer-runs", type=int, default=5, help="fixed-clock (peer) runs")
     ap.add_argument("--load", type=int, default=6, help="busy loops during every run")
     ap.add_argument("--stall-s", type=float, default=300.0)
+    ap.add_argument("--limit-s", type=float, default=600.0, help="wall limit of one run")
     args = ap.parse_args()
     print(f"{os.cpu_count()} cores, {args.load} busy loops; spotrun demo, fresh home per run")
     results = []
     with BusyLoad(args.load):
         for pacing, n in (("rehearsal", args.runs), ("fixed", args.peer_runs)):
             for i in range(n):
-                r = one_run(pacing, args.stall_s)
+                r = one_run(pacing, args.stall_s, args.limit_s)
                 results.append(r)
                 print(f"{pacing:9} run {i + 1:2}: {'ok  ' if r['ok'] else 'FAIL'} "
                       f"{r['wall_s']:6.1f} s  reclaims {r['reclaims']}  attempts {r['path']}"
