@@ -1,7 +1,8 @@
 """Busy loops for the length of a test: users' machines and CI are loaded, so the end-to-end
 tests run on a loaded machine too (issue 22). Several loops per core, as on a shared box.
 
-`SPOTRUN_TEST_LOAD_PER_CORE` sets how many loops per core (default 2; 0 turns it off).
+`SPOTRUN_TEST_LOAD_PER_CORE` sets how many loops per core (default 2; 0 turns it off); under
+xdist each worker runs its share, so the machine carries that many whichever tests overlap.
 By hand, `tools/under-load [-n N] CMD...` runs any command the same way.
 """
 
@@ -20,9 +21,13 @@ SPIN = "import os\nparent = os.getppid()\nwhile os.getppid() == parent:\n    pas
 
 
 def default_loops() -> int:
-    """Busy loops to run: SPOTRUN_TEST_LOAD_PER_CORE (default 2) per core."""
+    """Busy loops to run: SPOTRUN_TEST_LOAD_PER_CORE (default 2) per core, shared out among
+    the xdist workers (two loaded tests at once must not load the machine twice over)."""
     per_core = float(os.environ.get(PER_CORE_ENV, "2"))
-    return max(0, round(per_core * (os.cpu_count() or 1)))
+    workers = max(1, int(os.environ.get("PYTEST_XDIST_WORKER_COUNT") or 1))
+    if per_core <= 0:
+        return 0
+    return max(1, round(per_core * (os.cpu_count() or 1) / workers))
 
 
 class BusyLoad:
