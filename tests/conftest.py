@@ -146,12 +146,14 @@ def reference_runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
 # first. Under xdist (`--dist loadfile`) they are handed out first, so that no worker is left
 # alone with a long module at the end; a module missing here only loses its head start.
 HEAVY_MODULES = [
-    "test_demo_e2e.py", "test_multinode_e2e.py", "test_e2e_local.py", "test_faults_db.py", "test_multinode_agent.py",
-    "test_chaos.py", "test_notify.py", "test_faults_runtime.py", "test_provider_contract.py",
-    "test_integrations_lightning.py", "test_outputs_e2e.py", "test_multinode_daemon.py",
-    "aws/test_aws_e2e.py", "test_daemon_faults.py", "test_torch_multinode.py",
-    "test_torch_notice.py", "test_torch_resume.py", "test_budget_e2e.py",
-    "test_integrations_hf.py", "test_audit_e2e.py",
+    "test_multinode_e2e.py", "test_e2e_local.py", "test_demo_e2e.py", "test_faults_db.py",
+    "test_chaos.py", "test_multinode_agent.py", "test_integrations_lightning.py",
+    "test_integrations_baseline.py", "test_outputs_e2e.py", "test_notify.py",
+    "test_notice_lands_e2e.py", "test_rehearsal_startup.py", "test_faults_runtime.py",
+    "aws/test_aws_e2e.py", "test_audit_e2e.py", "test_budget_e2e.py", "test_first_hour_e2e.py",
+    "test_integrations_hf.py", "test_torch_notice.py", "test_daemon_faults.py",
+    "test_notice_lands.py", "test_multinode_daemon.py", "test_torch_multinode.py",
+    "test_provider_contract.py", "test_torch_resume.py",
 ]
 
 
