@@ -23,7 +23,7 @@ from spotrun.providers.local.market.clock import (CLOCK_FILE, MarketClock, Syste
                                                  read_clock_file)
 from spotrun.providers.local.market.imds import TokenMinter
 from spotrun.providers.local.market.options import MarketOptions
-from spotrun.providers.local.market.state import InstanceRecord, MarketState
+from spotrun.providers.local.market.state import InstanceRecord, MarketState, write_json_atomic
 from spotrun.providers.base import Pool
 from spotrun.providers.base import TAG_JOB
 from spotrun.states import InstanceState, Market as MarketKind, TerminationCause
@@ -298,10 +298,7 @@ class Market:
 
     def _write_clock(self) -> None:
         """clock.json: the provider, the audit and a restarted market compute time from it."""
-        path = self.dir / CLOCK_FILE
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(self.clock.to_json()), encoding="utf-8")
-        os.replace(tmp, path)
+        write_json_atomic(self.dir / CLOCK_FILE, self.clock.to_json())
 
     def _alive(self, rec: InstanceRecord) -> bool:
         if rec.instance_id in self._exited_wall:

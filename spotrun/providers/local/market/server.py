@@ -24,7 +24,7 @@ from spotrun.providers.local.market.clock import to_iso
 from spotrun.providers.local.market.core import LaunchRefused, Market
 from spotrun.providers.base import Pool
 from spotrun.providers.local.market.options import MarketOptions
-from spotrun.providers.local.market.state import InstanceRecord
+from spotrun.providers.local.market.state import InstanceRecord, write_json_atomic
 from spotrun.states import Market as MarketKind
 
 MARKET_JSON = "market.json"
@@ -335,13 +335,6 @@ def status_json(m: Market) -> dict[str, Any]:
     """GET /status: clock, options, pools now and every instance."""
     return {"time": time_json(m), "options": json.loads(m.options.to_json()),
             "pools": m.pools(), "instances": [record_json(r) for r in m.describe()]}
-
-
-def write_json_atomic(path: Path, obj: Any) -> None:
-    """Write JSON to a temp file and rename it over path."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(obj, indent=2), encoding="utf-8")
-    os.replace(tmp, path)
 
 
 def serve(state_dir: Path, options: MarketOptions, port: int = 0) -> int:

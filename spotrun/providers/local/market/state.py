@@ -7,6 +7,7 @@ Times are market-clock unix seconds unless a column says wall.
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 import threading
 from dataclasses import asdict, dataclass, field, fields, replace
@@ -160,3 +161,10 @@ class MarketState:
         with self._lock:
             rows = self._db.execute(sql + " ORDER BY launched_at, instance_id").fetchall()
         return [_from_row(r) for r in rows]
+
+
+def write_json_atomic(path: Path, obj: Any) -> None:
+    """Write JSON to a temp file and rename it over path (readers never see half a file)."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(obj, indent=2), encoding="utf-8")
+    os.replace(tmp, path)
