@@ -16,10 +16,12 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
+from spotrun import jobfiles
 from spotrun.errors import ChecksumMismatch, ObjectNotFound, StoreError
 from spotrun.store.base import ObjectStore
 
 MANIFEST = "MANIFEST.json"
+INDEX = "files.json"   # the job's persisted files (spotrun/jobfiles.py), when a checkpoint has them
 FORMAT = 1
 _NAME_RE = re.compile(r"^ckpt-(\d{12})$")
 log = logging.getLogger(__name__)
@@ -171,6 +173,11 @@ def verify(store: ObjectStore, name: str, *, deep: bool = True) -> Manifest:
                     raise StoreError(f"corrupt meta.json: {exc}", field="checkpoint",
                                      value=name) from None
     check_layout(m, meta_doc)
+    if INDEX in m.files:
+        # The job's persisted files come back with the weights, or this checkpoint is no resume.
+        index = jobfiles.read_index(store, name)
+        if index is not None:
+            jobfiles.check_index(store, name, index)
     return m
 
 
@@ -190,6 +197,9 @@ def resume_point(store: ObjectStore) -> Manifest | None:
         try:
             raw = store.get_bytes(f"{name}/{MANIFEST}")
             sizes = tuple((o.key, o.size) for o in store.list(f"{name}/"))
+            if any(key.endswith("/" + INDEX) for key, _ in sizes):
+                # Its persisted files are part of the verdict: a lost blob must show.
+                sizes += tuple((o.key, o.size) for o in store.list(f"{jobfiles.BLOBS}/"))
         except (ObjectNotFound, StoreError) as exc:
             log.warning("skipping checkpoint %s: %s", name, exc)
             continue
@@ -237,7 +247,9 @@ def apply_retention(store: ObjectStore, keep: int) -> list[str]:
     """Delete all but the newest `keep` complete checkpoints, and stale partial ones.
 
     The newest verified checkpoint is never deleted, even if newer complete ones
-    exist that fail verification. Returns the deleted names.
+    exist that fail verification; nor is one whose own files a kept checkpoint's persisted
+    files reference. Persisted-file blobs only deleted checkpoints listed go too.
+    Returns the deleted names.
     """
     keep = max(1, keep)
     complete = list_complete(store)
@@ -245,6 +257,9 @@ def apply_retention(store: ObjectStore, keep: int) -> list[str]:
     keep_set = set(complete[-keep:])
     if newest_ok is not None:
         keep_set.add(newest_ok.name)
+    indexes = {name: _index_or_none(store, name) for name in complete}
+    for name in list(keep_set):
+        keep_set |= _referenced(indexes.get(name)) & set(complete)
     newest_complete_step = _step(complete[-1]) if complete else -1
     deleted = []
     for name in list_names(store):
@@ -257,7 +272,31 @@ def apply_retention(store: ObjectStore, keep: int) -> list[str]:
         for o in store.list(f"{name}/"):
             store.delete(o.key)
         deleted.append(name)
+    _drop_blobs(store, [indexes.get(n) for n in deleted], [indexes.get(n) for n in keep_set])
     return deleted
+
+
+def _index_or_none(store: ObjectStore, name: str) -> dict[str, Any] | None:
+    try:
+        return jobfiles.read_index(store, name)
+    except StoreError as exc:
+        log.warning("unreadable %s in %s: %s", INDEX, name, exc)
+        return None
+
+
+def _referenced(index: dict[str, Any] | None) -> set[str]:
+    return jobfiles.checkpoints_of(index) if index else set()
+
+
+def _drop_blobs(store: ObjectStore, gone: list[Any], kept: list[Any]) -> None:
+    """Delete the blobs only deleted checkpoints listed (a save in flight lists what the newest kept
+    one does, or sends its own blobs after this)."""
+    dead = set().union(*(jobfiles.blobs_of(i) for i in gone if i))
+    if not dead:
+        return
+    live = set().union(*(jobfiles.blobs_of(i) for i in kept if i))
+    for sha in sorted(dead - live):
+        store.delete(jobfiles.blob_key(sha))
 
 
 def checkpoint_step(name: str | None) -> int:

@@ -158,10 +158,7 @@ def proof(status: dict[str, Any], audit: dict[str, Any]) -> dict[str, Any]:
 
 def _file_logger(path: Path) -> Any:
     """The daemon's JSON log goes to a file, so the demo's screen shows only its status."""
-    import logging
-
     import structlog
-    logging.getLogger("apscheduler").setLevel(logging.ERROR)
     from spotrun.daemon.app import configure_logging
     configure_logging(stream=open(path, "a", buffering=1))
     return structlog.get_logger("spotrun.daemon")

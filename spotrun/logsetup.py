@@ -1,7 +1,7 @@
 """One logging setup for every spotrun process: structlog and stdlib records alike.
 
-structlog's ProcessorFormatter renders stdlib records (boto's retries, apscheduler's "was
-missed") through the same processors as structlog's own events, so a daemon's log is one
+structlog's ProcessorFormatter renders stdlib records (boto's retries, SQLAlchemy's
+warnings) through the same processors as structlog's own events, so a daemon's log is one
 stream of JSON objects, and a person at a terminal gets the same events readable.
 """
 

@@ -125,6 +125,8 @@ InstanceTypes = Annotated[tuple[Annotated[str, _CATALOG_TYPE], ...],
 Zones = Annotated[tuple[Annotated[str, _ZONE], ...], BeforeValidator(_str_list)]
 Outputs = Annotated[tuple[Annotated[str, AfterValidator(_relative)], ...],
                     BeforeValidator(_str_list)]
+# What Lightning writes by default (logs, ModelCheckpoint's files); integrations register more.
+DEFAULT_PERSIST = ("lightning_logs",)
 
 
 def _count_range(raw: str, key: str) -> tuple[int, int]:
@@ -334,10 +336,21 @@ class JobSpec:
     policy: Annotated[PolicySpec, BeforeValidator(_policy_in)] = field(
         default_factory=PolicySpec)
     outputs: Outputs = ()   # paths/globs relative to the job's directory
+    # Saved with every checkpoint and restored before the command starts on the next
+    # instance (docs/job-spec.md, "persist"); None: DEFAULT_PERSIST plus `outputs`.
+    persist: Outputs | None = None
+
+    def persist_patterns(self) -> list[str]:
+        """The globs the job's checkpoints carry (framework integrations add their own)."""
+        chosen = (*DEFAULT_PERSIST, *self.outputs) if self.persist is None else self.persist
+        return list(dict.fromkeys(chosen))
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-able mapping that `spec_from_dict` reads back."""
-        return adapter(JobSpec).dump_python(self, mode="json")
+        out = adapter(JobSpec).dump_python(self, mode="json")
+        if out.get("persist") is None:
+            out.pop("persist", None)   # the default: stored specs keep their older form
+        return out
 
 
 def job_spec(job: Any) -> JobSpec:

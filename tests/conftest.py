@@ -148,7 +148,8 @@ def reference_runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
 HEAVY_MODULES = [
     "test_multinode_e2e.py", "test_e2e_local.py", "test_demo_e2e.py", "test_faults_db.py",
     "test_chaos.py", "test_multinode_agent.py", "test_integrations_lightning.py",
-    "test_integrations_baseline.py", "test_outputs_e2e.py", "test_notify.py",
+    "test_integrations_baseline.py", "test_outputs_e2e.py", "test_job_state_hf.py",
+    "test_job_state_lightning.py", "test_notify.py",
     "test_notice_lands_e2e.py", "test_rehearsal_startup.py", "test_faults_runtime.py",
     "aws/test_aws_e2e.py", "test_audit_e2e.py", "test_budget_e2e.py", "test_first_hour_e2e.py",
     "test_integrations_hf.py", "test_torch_notice.py", "test_daemon_faults.py",

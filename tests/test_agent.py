@@ -297,3 +297,49 @@ def test_agent_rejects_bad_invocation(tmp_path):
     r = subprocess.run([sys.executable, "-m", "spotrun", "agent", "--user-data", str(bad),
                         "--dir", str(tmp_path / "i")], capture_output=True, text=True, timeout=30)
     assert r.returncode == 2 and "user_data" in r.stderr
+
+
+JOB_DIR_PROBE = r'''
+import json, os, pathlib
+here = pathlib.Path.cwd()
+print("JOBDIR " + json.dumps({"cwd": str(here), "env": os.environ.get("SPOTRUN_JOB_DIR"),
+      "files": sorted(p.relative_to(here).as_posix() for p in here.rglob("*") if p.is_file()),
+      "log": (here / "logs" / "metrics.csv").read_text(),
+      "restored": os.environ.get("SPOTRUN_FILES_RESTORED"),
+      "persist": json.loads(os.environ["SPOTRUN_PERSIST"])}), flush=True)
+'''
+
+
+def test_job_runs_in_the_providers_job_dir_emptied_then_restored(tmp_path, imds, store_dir, reap):
+    """The job directory is the provider's path (same on every attempt): the agent empties it,
+    extracts the bundle, puts back the resume checkpoint's persisted files, then starts."""
+    from spotrun import jobfiles
+    template = str(tmp_path / "jobs" / "{job_id}" / "node-{node_rank}")
+    folder = tmp_path / "jobs" / JOB / "node-0"
+    (folder / "logs").mkdir(parents=True)
+    (folder / "stale.txt").write_text("left by an earlier attempt")
+    (folder / "logs" / "metrics.csv").write_text("step,loss\n1,0.5\n2,0.4\n3,0.3\n")
+    # The checkpoint of step 2 carries the log as it was at step 2.
+    saved = tmp_path / "at-step-2"
+    (saved / "logs").mkdir(parents=True)
+    (saved / "logs" / "metrics.csv").write_text("step,loss\n1,0.5\n2,0.4\n")
+    ckpt = open_store((store_dir / "jobs" / JOB / "checkpoints").as_uri())
+    files = jobfiles.JobFiles(saved, ["logs"], env={})
+    cap = files.capture(checkpoint=checkpoint_name(2))
+    files.upload(ckpt, checkpoint_name(2), cap)
+    put_checkpoint_files(ckpt, 2, {"state.json": b"{}",
+                                   jobfiles.INDEX: ckpt.get_bytes(f"{checkpoint_name(2)}/files.json")})
+    (tmp_path / "work").mkdir()
+    (tmp_path / "work" / "train.py").write_text(JOB_DIR_PROBE)
+    make_bundle(tmp_path / "work", tmp_path / "bundle.tar.gz")
+    open_store(store_dir.as_uri()).put_file(layout.bundle_key(JOB), tmp_path / "bundle.tar.gz")
+
+    cfg = make_config(store_dir, imds.url, job_dir=template, persist=["logs"])
+    proc, _ = start_agent(tmp_path, cfg, reap=reap)
+    assert finish(proc) == 0
+    line = next(ln for ln in shipped_log(store_dir).splitlines() if ln.startswith("JOBDIR "))
+    seen = json.loads(line[len("JOBDIR "):])
+    assert seen["cwd"] == seen["env"] == str(folder.resolve())
+    assert seen["files"] == ["logs/metrics.csv", "train.py"]   # stale.txt is gone
+    assert seen["log"] == "step,loss\n1,0.5\n2,0.4\n"           # the checkpoint's, not step 3's
+    assert seen["restored"] == checkpoint_name(2) and seen["persist"] == ["logs"]

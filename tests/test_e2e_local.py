@@ -6,10 +6,13 @@ deterministic; everything else (market, instances, agent, checkpoints, store, SQ
 
 from __future__ import annotations
 
+import re
+
 from pathlib import Path
 
 import pytest
 
+from spotrun import layout
 from spotrun.config import load_settings
 from spotrun.daemon.app import build_context, build_runner
 from sqlmodel import select
@@ -26,7 +29,7 @@ pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parent.parent
 # Enough steps that a resumed attempt cannot finish inside the 2 wall s notice window of the
 # next forced reclaim (a job that finishes first is completed, not reclaimed: issue 18).
-TRAIN_ARGS = "--steps 2500 --hidden 64 --samples 2048 --log-every 500"
+TRAIN_ARGS = "--steps 2500 --hidden 64 --samples 2048 --log-every 500 --metrics metrics.csv"
 
 TOML = """
 [local]
@@ -57,7 +60,7 @@ def e2e(tmp_home: Path, tmp_path: Path, cpu_load):
     spec = tmp_path / "job.yaml"
     spec.write_text(f"name: e2e\ncommand: python train.py {TRAIN_ARGS}\nworkdir: code\n"
                     "work: {total_steps: 2500}\ncheckpoint: {interval_minutes: 1}\n"
-                    "policy: {market: spot}\n")
+                    "policy: {market: spot}\noutputs: [metrics.csv]\n")
     settings = load_settings(str(tmp_home))
     ctx = build_context(settings)
     runner = build_runner(ctx)
@@ -151,7 +154,22 @@ def test_kill_without_notice_resumes_from_periodic_checkpoint(e2e, reference_run
     first, second = atts[0], atts[1]
     assert first.end_reason is EndReason.RECLAIMED and first.notice_at is None
     assert 0 < second.start_step <= first.last_step
-    assert _sha(job_log(ctx, done)) == reference_runs.sha(TRAIN_ARGS)
+    log = job_log(ctx, done)
+    assert _sha(log) == reference_runs.sha(TRAIN_ARGS)
+    # The job's metrics log (an output, so persisted with each checkpoint) came back with the
+    # checkpoint: every step once, the steps the second attempt recomputed included.
+    store = ctx.store_for(done.store_uri)
+    rows = store.get_bytes(f"{layout.outputs_prefix(job.id)}/metrics.csv").decode().splitlines()
+    assert rows[0] == "step,loss"
+    steps = [int(r.split(",")[0]) for r in rows[1:]]
+    assert steps == list(range(10, 2501, 10)), steps[:40]
+    printed = {int(m[0]): m[1] for m in re.findall(r"step (\d+)/2500 loss (\S+)", log)}
+    losses = {int(r.split(",")[0]): float(r.split(",")[1]) for r in rows[1:]}
+    assert printed and all(f"{losses[k]:.4f}" == v for k, v in printed.items())
+    # Both attempts ran in the same job directory, on different instances.
+    folder = ctx.settings.home_path / "market" / "jobs" / job.id / "node-0"
+    assert (folder / "metrics.csv").read_bytes() == "\n".join(rows).encode() + b"\n"
+    assert first.instance_id != second.instance_id
 
 
 def _job(ctx, job_id: str) -> Job:

@@ -71,8 +71,8 @@ def test_lightning_resumed_twice_is_bitwise_the_plain_script(tmp_path: Path):
                            tmp_path / "progress-1.json") == 10
     assert notice_and_kill(start(script, a2, env(2, WORKLOAD_TRAIN_GATE_STEP="17"), "--mode",
                                  "spotrun", *steps), a2, "gate-train", uri, kind,
-                           tmp_path / "progress-2.json") == 18
-    assert "resume-ckpt-000000000018" in finish(start(script, a3, env(3), "--mode", "spotrun",
+                           tmp_path / "progress-2.json") == 17
+    assert "resume-ckpt-000000000017" in finish(start(script, a3, env(3), "--mode", "spotrun",
                                                       *steps), a3)
     finish(ref, tmp_path / "plain")
     _assert_bitwise_equal(_state(tmp_path / "plain"), _state(a3))
@@ -80,9 +80,9 @@ def test_lightning_resumed_twice_is_bitwise_the_plain_script(tmp_path: Path):
 
 def test_lightning_resumed_at_a_validation_step_and_at_an_epoch_end_is_the_plain_script(
         tmp_path: Path):
-    """A notice at step 10's end (saved before the validation that follows, which the resume
-    skips), then one at step 12's end (the last batch of epoch 0): still the plain script's
-    weights."""
+    """A notice at step 10's end (saved in the validation that follows, which the resume runs
+    again), then one at step 12's end (the last batch of epoch 0, saved as the next epoch's
+    first batch starts): still the plain script's weights."""
     script, steps = "lightning_baseline_train.py", ("--steps", "30")
     ref = start(script, tmp_path / "plain", clean_env(), "--mode", "plain", *steps)
     uri = (tmp_path / "store").as_uri()
@@ -93,11 +93,11 @@ def test_lightning_resumed_at_a_validation_step_and_at_an_epoch_end_is_the_plain
                          SPOTRUN_PROGRESS_FILE=str(tmp_path / f"progress-{attempt}.json"), **gates)
 
     a1, a2, a3 = tmp_path / "a1", tmp_path / "a2", tmp_path / "a3"
-    assert notice_and_kill(start(script, a1, env(1, WORKLOAD_TRAIN_GATE_STEP="9"), "--mode",
+    assert notice_and_kill(start(script, a1, env(1, WORKLOAD_TRAIN_GATE_STEP="10"), "--mode",
                                  "spotrun", *steps), a1, "gate-train", uri, kind,
                            tmp_path / "progress-1.json") == 10
-    assert "emergency checkpoint at step 10 during train" in (a1 / "output.log").read_text()
-    assert notice_and_kill(start(script, a2, env(2, WORKLOAD_TRAIN_GATE_STEP="11"), "--mode",
+    assert "emergency checkpoint at step 10 during evaluation" in (a1 / "output.log").read_text()
+    assert notice_and_kill(start(script, a2, env(2, WORKLOAD_TRAIN_GATE_STEP="12"), "--mode",
                                  "spotrun", *steps), a2, "gate-train", uri, kind,
                            tmp_path / "progress-2.json") == 12
     assert "resume-ckpt-000000000012" in finish(start(script, a3, env(3), "--mode", "spotrun",

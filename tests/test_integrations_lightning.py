@@ -2,7 +2,7 @@
 
 One notice lands during a validation, one between training steps (mid-epoch); the final
 weights must be bitwise those of an uninterrupted run. Direct processes, not the daemon:
-the daemon path is the same for every framework and is covered by tests/test_outputs_e2e.py.
+tests/test_job_state_lightning.py runs a Lightning job through the daemon and local reclaims.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import pytest
 pytest.importorskip("lightning")
 
 from integration_helpers import (  # noqa: E402
-    clean_env, final_sha, finish, local_rig, notice_and_kill, start, steps_in_store,
+    clean_env, final_sha, finish, notice_and_kill, start, steps_in_store,
     reap_workloads)  # noqa: F401 (autouse fixture)
 
 pytestmark = pytest.mark.slow
@@ -47,11 +47,11 @@ def test_lightning_resumes_bitwise_after_notice_in_validation_and_in_training(tm
     a2 = tmp_path / "a2"
     step2 = notice_and_kill(start("lightning_train.py", a2, env(2, WORKLOAD_TRAIN_GATE_STEP="17")),
                             a2, "gate-train", uri, KIND, tmp_path / "progress-2.json")
-    assert step2 == 18      # the next batch end; 18 is mid-epoch (12 batches per epoch)
+    assert step2 == 17      # at the next batch start; 17 is mid-epoch (12 batches per epoch)
     assert "resume-ckpt-000000000010" in (a2 / "output.log").read_text()
     a3 = tmp_path / "a3"
     text3 = finish(start("lightning_train.py", a3, env(3)), a3)
-    assert "resume-ckpt-000000000018" in text3
+    assert "resume-ckpt-000000000017" in text3
     assert final_sha(text3) == final_sha(finish(ref_proc, tmp_path / "ref"))
     assert 40 in steps_in_store(uri, KIND)   # training ends with its final state in the store
     # The final checkpoint exports (`spotrun pull`'s export) to a state_dict torch alone reads.
@@ -65,32 +65,3 @@ def test_lightning_resumes_bitwise_after_notice_in_validation_and_in_training(tm
                           capture_output=True, text=True, timeout=120)
     assert read.returncode == 0, read.stderr[-2000:]
     assert read.stdout.strip() == final_sha(text3)
-
-
-def test_lightning_job_through_reclaims_on_the_local_provider(tmp_home: Path, tmp_path: Path):
-    """Daemon + local market + agents + real Lightning: a notice during validation, then one
-    between steps; the final weights equal an uninterrupted run's."""
-    from spotrun.db import attempts_of, session
-    from spotrun.jobs import submit, validate_submission
-    from spotrun.states import EndReason, JobState
-    from test_e2e_local import finished, job_log, running_attempt
-
-    spec_body = ("name: lit\ncommand: python lightning_train.py --steps 40\nworkdir: code\n"
-                 "work: {total_steps: 40}\npolicy: {market: spot}\n"
-                 "env: {WORKLOAD_GATE_STEP: '1:10', WORKLOAD_TRAIN_GATE_STEP: '2:17'}\n")
-    with local_rig(tmp_home, tmp_path, "lightning_train.py", spec_body) as (ctx, runner, spec):
-        job = submit(validate_submission(spec, ctx.settings), ctx.engine)
-        ref_proc = start("lightning_train.py", tmp_path / "ref", clean_env())
-        runner.start()
-        for number, step in ((1, 10), (2, 17 - 10)):
-            att = running_attempt(ctx, job.id, number, min_progress=step)
-            ctx.provider.client.interrupt(att.instance_id, in_s=120.0, notice=True)
-        done = finished(ctx, job.id)
-    assert done.state is JobState.SUCCEEDED, done.reason
-    with session(ctx.engine) as s:
-        atts = attempts_of(s, job.id)
-    assert [a.end_reason for a in atts] == [EndReason.RECLAIMED] * 2 + [EndReason.COMPLETED]
-    assert [a.start_step for a in atts] == [0, 10, 18]
-    log = job_log(ctx, done)
-    assert "emergency checkpoint at step 10 during evaluation" in log
-    assert final_sha(log) == final_sha(finish(ref_proc, tmp_path / "ref"))

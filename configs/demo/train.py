@@ -46,6 +46,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--checkpoint-every-steps", type=int, default=None)
     p.add_argument("--progress-interval-s", type=float, default=1.0)
     p.add_argument("--sync-save", action="store_true", help="persist in the training thread")
+    p.add_argument("--metrics", default=None,
+                   help="append a 'step,loss' row to this CSV every --metrics-every steps (an "
+                        "append-only log: spotrun persists it with each checkpoint)")
+    p.add_argument("--metrics-every", type=int, default=10)
     p.add_argument("--min-step-s", type=float, default=0.0,
                    help="wall seconds a step takes at least (the demo: a fast machine still "
                         "trains long enough to meet its reclaims)")
@@ -88,6 +92,15 @@ def params_sha256(model: nn.Module) -> str:
     return h.hexdigest()
 
 
+def append_metrics(path: Path, step: int, loss: float) -> None:
+    """One row of the metrics log, appended (the header with the first row)."""
+    new = not path.exists()
+    with open(path, "a") as f:
+        if new:
+            f.write("step,loss\n")
+        f.write(f"{step},{loss:.6f}\n")
+
+
 def main(argv: list[str] | None = None) -> int:
     """Train, checkpointing through spotrun; print the final parameters' SHA256."""
     args = parse_args(argv)
@@ -128,6 +141,8 @@ def main(argv: list[str] | None = None) -> int:
         loss.backward()
         opt.step()
         sched.step()
+        if args.metrics and (step + 1) % args.metrics_every == 0:
+            append_metrics(Path(args.metrics), step + 1, loss.item())
         if (step + 1) % args.log_every == 0:
             print(f"step {step + 1}/{args.steps} loss {loss.item():.4f} "
                   f"lr {sched.get_last_lr()[0]:.2e}", flush=True)

@@ -28,6 +28,7 @@ import sys
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
+from spotrun import jobfiles
 from spotrun.agent.clock import parse_iso
 from spotrun.agent.config import AgentConfig
 from spotrun.agent.imds import REBALANCE
@@ -65,7 +66,8 @@ def _die_with_parent_fn() -> Callable[[], None] | None:
 
 
 def child_env(config: AgentConfig, *, base: Mapping[str, str], secrets: Mapping[str, str],
-              resume_checkpoint: str | None, progress_file: Path) -> dict[str, str]:
+              resume_checkpoint: str | None, progress_file: Path,
+              job_dir: Path | None = None) -> dict[str, str]:
     """os.environ + job env + secrets + the SPOTRUN_* contract variables (last wins)."""
     env = dict(base)
     # `python` in the command means the interpreter spotrun runs under (the instance's venv),
@@ -85,7 +87,13 @@ def child_env(config: AgentConfig, *, base: Mapping[str, str], secrets: Mapping[
         "SPOTRUN_RESUME_CHECKPOINT": resume_checkpoint or "",
         "SPOTRUN_PROGRESS_FILE": str(progress_file.resolve()),
         NOTICE_ENV: str(notice_path(progress_file).resolve()),
+        # The job's files (docs/job-spec.md, "persist"): the agent restored the resume
+        # checkpoint's already, so the job's library does not fetch them again.
+        jobfiles.PERSIST_ENV: json.dumps(list(config.persist)),
+        jobfiles.RESTORED_ENV: resume_checkpoint or "",
     })
+    if job_dir is not None:
+        env[jobfiles.JOB_DIR_ENV] = str(job_dir)
     if config.checkpoint_interval_s is not None:
         env["SPOTRUN_CHECKPOINT_INTERVAL_S"] = str(config.checkpoint_interval_s)
     else:

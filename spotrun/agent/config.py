@@ -48,6 +48,10 @@ class AgentConfig:
     control_poll_interval_s: float = 2.0  # wall seconds between control.json / alive.json reads
     stop_grace_s: float = 10.0            # wall seconds between SIGTERM and SIGKILL of the job
     outputs: list[str] = field(default_factory=list)   # spec `outputs`: paths/globs in the job dir
+    persist: list[str] = field(default_factory=list)   # spec `persist`: saved with checkpoints
+    # The job's directory, the same on every attempt (the provider's; "{job_id}" and
+    # "{node_rank}" filled in by the agent); None: <agent dir>/job.
+    job_dir: str | None = None
     nodes: int = 1                        # multi-node (issue 16): the rest is in nodes.json
     nodes_min: int | None = None          # elastic "MIN-MAX": MIN; None unless elastic
 

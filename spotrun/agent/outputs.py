@@ -19,33 +19,13 @@ import structlog
 
 from spotrun import layout
 from spotrun.agent.clock import iso
+from spotrun.jobfiles import collect
 from spotrun.store.base import ObjectStore
-from spotrun.store.localfile import TMP_PREFIX
 
 log = structlog.get_logger("spotrun.agent")
 
 PROGRESS_EVERY_S = 5.0     # at most one progress line per file this often
 BIG_FILE_BYTES = 64 << 20  # files at least this big log their progress
-
-
-def collect(job_dir: Path, patterns: list[str]) -> dict[str, Path]:
-    """Files matching the patterns (a matched folder means everything below it), by relative path.
-
-    Nothing outside job_dir is taken, even through a symlink.
-    """
-    root = job_dir.resolve()
-    found: dict[str, Path] = {}
-    for pattern in patterns:
-        for match in sorted(root.glob(pattern)):
-            for path in ([match] if match.is_file() else sorted(match.rglob("*"))):
-                if not path.is_file() or path.name.startswith(TMP_PREFIX):
-                    continue
-                real = path.resolve()
-                if not real.is_relative_to(root):
-                    log.warning("output_outside_job_dir", path=str(path))
-                    continue
-                found.setdefault(path.relative_to(root).as_posix(), path)
-    return found
 
 
 class OutputUploader:

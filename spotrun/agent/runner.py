@@ -11,6 +11,7 @@ import os
 import signal
 import subprocess
 import threading
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -31,7 +32,7 @@ from spotrun.agent.nodes import is_multi_node, signal_marked
 from spotrun.agent.outputs import OutputUploader
 from spotrun.agent.notice import NoticeWatcher, notice_poll_interval_wall_s
 from spotrun.agent.progress import ProgressReader
-from spotrun.agent.setup import AgentPaths, prepare
+from spotrun.agent.setup import AgentPaths, job_dir_for, prepare
 from spotrun.errors import SpotrunError
 from spotrun.reports import ExitReport, Heartbeat, Notice, dump
 from spotrun.secrets import ClientFactory, Redactor
@@ -293,7 +294,23 @@ class Agent(MultiNode):
             self._shutdown()
             return 1
         self.heartbeat("setup")
+        log_prefix = layout.log_prefix(self.config.job_id, self.config.attempt)
+        if self.multi:
+            assert self.instance_id is not None
+            log_prefix = layout.node_log_prefix(self.config.job_id, self.config.attempt,
+                                                self.instance_id)
+            # Listed first: the node's rank names its job directory.
+            if not self.await_listing():
+                reason = self.stop_reason or "error"
+                self.heartbeat("exited")
+                self._write_exit(reason, None, "never listed in nodes.json"
+                                 if reason == "error" else None)
+                self._shutdown()
+                return 1
         try:
+            rank = (self.membership.rank_of(self.instance_id or "") or 0
+                    if self.multi and self.membership else 0)
+            self.paths = replace(self.paths, job=job_dir_for(self.config, rank))
             prepared = prepare(self.config, store=self.store, paths=self.paths,
                                environ=self.environ, secret_clients=self.secret_clients,
                                checkpoint_store=self.checkpoint_store)
@@ -312,20 +329,8 @@ class Agent(MultiNode):
         self.resumed_from = checkpoint_step(prepared.resume_checkpoint)
         env = child_env(self.config, base=self.environ, secrets=prepared.secrets,
                         resume_checkpoint=prepared.resume_checkpoint,
-                        progress_file=self.paths.progress_path)
+                        progress_file=self.paths.progress_path, job_dir=self.paths.job_dir)
         self.redact = list(prepared.secrets.values())
-        log_prefix = layout.log_prefix(self.config.job_id, self.config.attempt)
-        if self.multi:
-            assert self.instance_id is not None
-            log_prefix = layout.node_log_prefix(self.config.job_id, self.config.attempt,
-                                                self.instance_id)
-            if not self.await_listing():
-                reason = self.stop_reason or "error"
-                self.heartbeat("exited")
-                self._write_exit(reason, None, "never listed in nodes.json"
-                                 if reason == "error" else None)
-                self._shutdown()
-                return 1
         shipper = LogShipper(self.reporter, log_prefix, self.paths.log_path,
                              Redactor(self.redact))
         self.start_command(env)

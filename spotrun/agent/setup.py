@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping
@@ -12,7 +13,8 @@ from tenacity import Retrying, retry_if_not_exception_type, stop_after_attempt, 
 from spotrun.agent.config import AgentConfig
 from spotrun.bundle import extract_bundle
 from spotrun.checkpoints import resume_point
-from spotrun.errors import ObjectNotFound
+from spotrun import jobfiles
+from spotrun.errors import ObjectNotFound, SpotrunError
 from spotrun.secrets import ClientFactory, resolve_secrets
 from spotrun.store import open_store
 from spotrun.store.base import ObjectStore
@@ -25,11 +27,12 @@ class AgentPaths:
     """Where the agent keeps things on the instance disk (under its cwd)."""
 
     root: Path
+    job: Path | None = None   # the provider's stable job directory (AgentConfig.job_dir)
 
     @property
     def job_dir(self) -> Path:
-        """The extracted bundle; the command's cwd."""
-        return self.root / "job"
+        """The extracted bundle and the persisted files; the command's cwd."""
+        return self.job if self.job is not None else self.root / "job"
 
     @property
     def state_dir(self) -> Path:
@@ -58,6 +61,32 @@ class Prepared:
 
     resume_checkpoint: str | None
     secrets: dict[str, str] = field(repr=False, default_factory=dict)
+    files_restored: int = 0   # persisted files of the resume checkpoint put in the job dir
+
+
+def job_dir_for(config: AgentConfig, node_rank: int) -> Path | None:
+    """The provider's job directory for this job and node, or None for <agent dir>/job."""
+    if not config.job_dir:
+        return None
+    path = Path(config.job_dir.replace("{job_id}", config.job_id)
+                .replace("{node_rank}", str(node_rank))).expanduser()
+    # The agent empties it: never a path that could hold anything but this job.
+    if not path.is_absolute() or len(path.resolve().parts) < 3:
+        raise SpotrunError("the job directory must be an absolute path at least two folders "
+                           "deep", field="job_dir", value=str(path))
+    return path.resolve()
+
+
+def empty_job_dir(paths: AgentPaths) -> None:
+    """Start the attempt from an empty job directory: only its bundle and persisted files."""
+    folder = paths.job_dir
+    if folder.is_dir():
+        for child in folder.iterdir():
+            if child.is_dir() and not child.is_symlink():
+                shutil.rmtree(child)
+            else:
+                child.unlink(missing_ok=True)
+    folder.mkdir(parents=True, exist_ok=True)
 
 
 def fetch_bundle(config: AgentConfig, store: ObjectStore, paths: AgentPaths) -> int:
@@ -85,12 +114,21 @@ def find_resume_point(config: AgentConfig,
 def prepare(config: AgentConfig, *, store: ObjectStore, paths: AgentPaths,
             environ: Mapping[str, str], secret_clients: ClientFactory | None = None,
             checkpoint_store: ObjectStore | None = None) -> Prepared:
-    """Bundle, resume point and secrets; raises SpotrunError (or OSError) on failure."""
+    """Bundle, resume point, persisted files and secrets; raises SpotrunError (or OSError)."""
     paths.state_dir.mkdir(parents=True, exist_ok=True)
+    if paths.job is not None:
+        empty_job_dir(paths)
     members = fetch_bundle(config, store, paths)
-    resume = find_resume_point(config, checkpoint_store)
+    ckpt_store = checkpoint_store or open_store(config.checkpoint_uri)
+    resume = find_resume_point(config, ckpt_store)
+    restored = restore_files(ckpt_store, resume, paths) if resume else 0
     secrets = resolve_secrets(config.secrets, environ=environ, clients=secret_clients,
                               region=config.region)
     log.info("setup_done", bundle_members=members, resume_checkpoint=resume or "",
-             secrets=sorted(secrets))
-    return Prepared(resume_checkpoint=resume, secrets=secrets)
+             files_restored=restored, job_dir=str(paths.job_dir), secrets=sorted(secrets))
+    return Prepared(resume_checkpoint=resume, secrets=secrets, files_restored=restored)
+
+
+def restore_files(store: ObjectStore, name: str, paths: AgentPaths) -> int:
+    """The resume checkpoint's persisted files into the job directory, over the bundle's."""
+    return jobfiles.restore(store, name, paths.job_dir)

@@ -17,13 +17,13 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Callable
 
-from sqlmodel import Session, select
+from sqlmodel import Session
 
-from spotrun.audit.regret import hindsight
+from spotrun.audit.regret import hindsight, hindsight_wanted
 from spotrun.daemon.savefail import save_warnings
 from spotrun.audit.nodes import node_lines, node_seconds, replacement_seconds
-from spotrun.db import Attempt, AttemptNode, Job, SpendEntry, attempts_of, find_job, iter_jobs, \
-    nodes_of
+from spotrun.db import Attempt, AttemptNode, Job, JobRows, PricePointsOnce, SpendEntry, \
+    events_by_job, iter_jobs, jobs_by_ref, rows_by_job
 from spotrun.errors import NotFoundError
 from spotrun.ledger.intervals import seconds_between
 from spotrun.ledger.rules import SpendKind
@@ -177,40 +177,63 @@ def audit_jobs(s: Session, refs: list[str] | None = None, *, since: datetime | N
                until: datetime | None = None, od_price: OdPrice,
                checkpoint_step: CheckpointStep | None = None,
                final_step: FinalStep | None = None,
-               time_scale: float = 1.0) -> list[JobAudit]:
-    """Audit the named jobs (all jobs when refs is empty), in the order given / created."""
-    if refs:
+               time_scale: float = 1.0, jobs: list[Job] | None = None) -> list[JobAudit]:
+    """Audit the named jobs (all jobs when refs is empty; jobs: these rows, already read),
+    in the order given / created.
+
+    Every job's rows are read up front, a query per table (`rows_by_job`), never per job.
+    """
+    all_jobs = jobs is None and not refs
+    if jobs is None and refs:
         jobs = []
-        for ref in refs:
-            job = find_job(s, ref)
+        for ref, job in zip(refs, jobs_by_ref(s, refs)):
             if job is None:
                 raise NotFoundError("no such job", field="JOB", value=ref,
                                     hint="see `spotrun status`")
             jobs.append(job)
-    else:
+    elif jobs is None:
         jobs = list(iter_jobs(s))
+    rows = read_rows(s, jobs, all_jobs=all_jobs)
     return [audit_job(s, j, since=since, until=until, od_price=od_price,
                       checkpoint_step=checkpoint_step, final_step=final_step,
-                      time_scale=time_scale) for j in jobs]
+                      time_scale=time_scale, rows=rows.get(j.id) or JobRows())
+            for j in jobs]
+
+
+def read_rows(s: Session, jobs: list[Job], *, all_jobs: bool = False) -> dict[str, JobRows]:
+    """The audit's rows of these jobs, a query per table; what hindsight needs for finished
+    jobs once a model builder is registered (their waiting events, the pools' prices)."""
+    ids = None if all_jobs else [j.id for j in jobs]
+    rows = rows_by_job(s, ids)
+    done = [j.id for j in jobs if j.state.is_terminal()]
+    if done and hindsight_wanted():
+        waiting = events_by_job(s, None if all_jobs else done, kind="waiting")
+        prices = PricePointsOnce({a.instance_type for jid in done
+                                  for a in (rows.get(jid) or JobRows()).attempts})
+        for jid in done:
+            r = rows.setdefault(jid, JobRows())
+            r.waiting, r.prices = waiting.get(jid, []), prices
+    return rows
 
 
 def audit_job(s: Session, job: Job, *, since: datetime | None = None,
               until: datetime | None = None, od_price: OdPrice,
               checkpoint_step: CheckpointStep | None = None,
-              final_step: FinalStep | None = None, time_scale: float = 1.0) -> JobAudit:
-    """Every figure for one job."""
+              final_step: FinalStep | None = None, time_scale: float = 1.0,
+              rows: JobRows | None = None) -> JobAudit:
+    """Every figure for one job (rows: its rows as read_rows read them; None: read here)."""
+    if rows is None:
+        rows = read_rows(s, [job]).get(job.id) or JobRows()
     out = JobAudit(id=job.id, name=job.name, state=job.state.value, time_scale=time_scale)
-    rows = [r for r in s.exec(select(SpendEntry).where(SpendEntry.job_id == job.id)
-                              .order_by(SpendEntry.end, SpendEntry.id))
-            if _in_window(r.start, since, until)]
-    _actuals(out, rows)
-    all_atts = attempts_of(s, job.id)
+    ledger = [r for r in rows.spend if _in_window(r.start, since, until)]
+    _actuals(out, ledger)
+    all_atts = rows.attempts
     atts = [a for a in all_atts if a.started_at is None or _in_window(a.started_at, since, until)]
     usd_by_attempt: dict[int, float] = defaultdict(float)
     gross_by_attempt: dict[int, float] = defaultdict(float)
     booked_end: dict[int, datetime] = {}
     usd_by_instance: dict[str, float] = defaultdict(float)
-    for r in rows:
+    for r in ledger:
         if r.attempt_id is not None and r.kind in SpendKind.instance_kinds():
             usd_by_attempt[r.attempt_id] += r.usd
             usd_by_instance[r.instance_id or ""] += r.usd
@@ -218,13 +241,13 @@ def audit_job(s: Session, job: Job, *, since: datetime | None = None,
                 gross_by_attempt[r.attempt_id] += r.usd
                 booked_end[r.attempt_id] = max(r.end, booked_end.get(r.attempt_id, r.end))
     ckpt = checkpoint_step(job) if checkpoint_step else None
-    nodes = {a.id: nodes_of(s, a.id) for a in atts if a.nodes > 1 or a.nodes_min is not None}
+    nodes = {a.id: rows.nodes_of(a.id) for a in atts if a.nodes > 1 or a.nodes_min is not None}
     _attempts(out, job, all_atts, atts, usd_by_attempt, gross_by_attempt, booked_end,
               od_price, ckpt, final_step, nodes, usd_by_instance)
     # Instance rows of no attempt audited here (outside the window, an orphan's) are "other".
     audited = {a.id for a in atts if a.started_at is not None}
     loose = sum(u for aid, u in usd_by_attempt.items() if aid not in audited) + sum(
-        r.usd for r in rows if r.attempt_id is None and r.kind in SpendKind.instance_kinds())
+        r.usd for r in ledger if r.attempt_id is None and r.kind in SpendKind.instance_kinds())
     out.causes["storage"] = WasteLine(None, out.storage_usd)   # GB-months, not hours
     out.causes["volumes"] = WasteLine(None, out.volume_usd)
     out.causes["other"] = WasteLine(None, out.other_usd + loose)
@@ -232,7 +255,7 @@ def audit_job(s: Session, job: Job, *, since: datetime | None = None,
     out.saved_usd = out.baseline_on_demand_usd - out.actual_usd
     out.saved_fraction = (out.saved_usd / out.baseline_on_demand_usd
                           if out.baseline_on_demand_usd > 0 else None)
-    h = hindsight(s, job)
+    h = hindsight(s, job, rows)
     if h is not None:
         out.hindsight_optimal_usd, out.hindsight_regret_usd = h.optimal_usd, h.regret_usd
     return out

@@ -27,7 +27,7 @@ import numpy as np
 from sqlmodel import Session, select
 
 from spotrun.providers.base import MarketTruth
-from spotrun.db import Attempt, Event, Job, PricePoint, attempts_of
+from spotrun.db import Attempt, Event, Job, JobRows, PricePoint, attempts_of
 from spotrun.providers.base import pools_from_json
 from spotrun.states import EndReason, JobState, Market
 
@@ -51,13 +51,18 @@ def _aware(t: datetime) -> datetime:
 
 
 def build_observed_model(s: Session, job: Job, *, od_price: OdPrice,
-                         truth: MarketTruth | None = None,
-                         tick_s: float = TICK_S) -> ObservedModel | None:
-    """The job's hindsight SimModel (row 0 = its first start); None when it cannot be built."""
+                         truth: MarketTruth | None = None, tick_s: float = TICK_S,
+                         rows: JobRows | None = None) -> ObservedModel | None:
+    """The job's hindsight SimModel (row 0 = its first start); None when it cannot be built.
+
+    rows: the job's rows read in bulk (spotrun.db.rows_by_job); None reads them here.
+    """
     from spotrun.policy.market import MarketHistory
     from spotrun.simulate.model import SimModel
 
-    atts = [a for a in attempts_of(s, job.id) if a.started_at is not None]
+    if rows is None:
+        rows = JobRows(attempts=attempts_of(s, job.id))
+    atts = [a for a in rows.attempts if a.started_at is not None]
     if not atts or any(a.ended_at is None for a in atts):
         return None
     itype = _main_type(atts)
@@ -90,8 +95,9 @@ def build_observed_model(s: Session, job: Job, *, od_price: OdPrice,
     pools = _pools(atts, itype, truth)
     times = [t0 + timedelta(seconds=k * tick_s) for k in range(n)]
     sources = []
-    up = _availability(s, job, atts, itype, pools, times, tick_s, truth, to_provider, sources)
-    price = _prices(s, atts, itype, pools, times, truth, od, sources)
+    up = _availability(s, job, rows, atts, itype, pools, times, tick_s, truth, to_provider,
+                       sources)
+    price = _prices(s, rows, atts, itype, pools, times, truth, od, sources)
     history = MarketHistory(pools, up, price, od, tick_s)
     model = SimModel(history=history, tick_values=np.arange(n), work_ticks=work,
                      deadline_ticks=n, changeover_ticks=changeover)
@@ -141,8 +147,9 @@ def _index(times: list[datetime], t0: datetime, tick_s: float, at: datetime) -> 
     return k if 0 <= k < len(times) else None
 
 
-def _availability(s: Session, job: Job, atts: list[Attempt], itype: str, pools: list[str],
-                  times: list[datetime], tick_s: float, truth: MarketTruth | None,
+def _availability(s: Session, job: Job, rows: JobRows, atts: list[Attempt], itype: str,
+                  pools: list[str], times: list[datetime], tick_s: float,
+                  truth: MarketTruth | None,
                   to_provider: Callable[[datetime], datetime],
                   sources: list[str]) -> np.ndarray:
     n, t0 = len(times), times[0]
@@ -163,32 +170,35 @@ def _availability(s: Session, job: Job, atts: list[Attempt], itype: str, pools: 
             k = _index(times, t0, tick_s, _aware(a.ended_at))
             if k is not None:
                 up[k, col[a.zone]] = False
-    for a in attempts_of(s, job.id):   # launch failures never started: not in atts
+    for a in rows.attempts:   # launch failures never started: not in atts
         if a.end_reason is EndReason.LAUNCH_FAILED and a.market is Market.SPOT and a.zone in col:
             k = _index(times, t0, tick_s, to_provider(_aware(a.created_at)))
             if k is not None:
                 up[k, col[a.zone]] = False
-    for ev in s.exec(select(Event).where(Event.job_id == job.id, Event.kind == "waiting")):
+    waiting = rows.waiting if rows.waiting is not None else \
+        s.exec(select(Event).where(Event.job_id == job.id, Event.kind == "waiting"))
+    for ev in waiting:
         k = _index(times, t0, tick_s, to_provider(_aware(ev.ts)))
         if k is not None:
             up[k, :] = False
     return up
 
 
-def _prices(s: Session, atts: list[Attempt], itype: str, pools: list[str],
+def _prices(s: Session, rows: JobRows, atts: list[Attempt], itype: str, pools: list[str],
             times: list[datetime], truth: MarketTruth | None, od: float,
             sources: list[str]) -> np.ndarray:
     out = np.full((len(times), len(pools)), np.nan)
     stamps = np.array([t.timestamp() for t in times])
     used = set()
     for j, zone in enumerate(pools):
-        rows = list(s.exec(select(PricePoint).where(PricePoint.instance_type == itype,
-                                                    PricePoint.zone == zone)
-                           .order_by(PricePoint.ts)))
-        if rows:
-            ts = np.array([_aware(r.ts).timestamp() for r in rows])
-            ps = np.array([r.price_usd_per_hour for r in rows])
-            idx = np.clip(np.searchsorted(ts, stamps, side="right") - 1, 0, len(rows) - 1)
+        points = rows.prices.of(s, itype, zone) if rows.prices is not None else \
+            list(s.exec(select(PricePoint).where(PricePoint.instance_type == itype,
+                                                 PricePoint.zone == zone)
+                        .order_by(PricePoint.ts)))
+        if points:
+            ts = np.array([_aware(r.ts).timestamp() for r in points])
+            ps = np.array([r.price_usd_per_hour for r in points])
+            idx = np.clip(np.searchsorted(ts, stamps, side="right") - 1, 0, len(points) - 1)
             out[:, j] = ps[idx]
             used.add("recorded PricePoints")
         elif truth is not None:

@@ -21,11 +21,12 @@ from typing import Any, Callable
 
 from sqlmodel import Session, select
 
-from spotrun.db import Job, SpendEntry
+from spotrun.db import Job, JobRows, SpendEntry
 from spotrun.ledger.rules import SpendKind
 
-# (session, job) -> (SimModel, start row) or None; set by whoever can build the model.
-ModelForJob = Callable[[Session, Job], "tuple[Any, int] | None"]
+# (session, job, its rows read in bulk or None) -> (SimModel, start row) or None; set by
+# whoever can build the model. The rows (spotrun.db.JobRows) spare a query per job.
+ModelForJob = Callable[[Session, Job, "JobRows | None"], "tuple[Any, int] | None"]
 MODEL_FOR_JOB: dict[str, ModelForJob] = {}
 
 
@@ -41,9 +42,9 @@ class Hindsight:
 def observed_builder(od_price: Callable[[str], "float | None"],
                      truth: Any = None) -> ModelForJob:
     """A MODEL_FOR_JOB builder over build_observed_model with these prices and truth."""
-    def build(s: Session, job: Job) -> "tuple[Any, int] | None":
+    def build(s: Session, job: Job, rows: JobRows | None = None) -> "tuple[Any, int] | None":
         from spotrun.audit.observed import build_observed_model
-        built = build_observed_model(s, job, od_price=od_price, truth=truth)
+        built = build_observed_model(s, job, od_price=od_price, truth=truth, rows=rows)
         return None if built is None else (built.model, 0)
     return build
 
@@ -62,20 +63,31 @@ def use_observed_model(settings: Any) -> None:
     MODEL_FOR_JOB["default"] = observed_builder(od_price, truth)
 
 
-def instance_usd(s: Session, job_id: str) -> float:
-    """The job's instance spend: compute, adjustment and correction rows of every attempt."""
+def instance_usd(s: Session, job_id: str, rows: JobRows | None = None) -> float:
+    """The job's instance spend: compute, adjustment and correction rows of every attempt
+    (summed from rows' ledger when given, else one query)."""
     kinds = list(SpendKind.instance_kinds())
-    rows = s.exec(select(SpendEntry.usd).where(SpendEntry.job_id == job_id,
-                                               SpendEntry.kind.in_(kinds)))
-    return float(sum(rows))
+    if rows is not None:
+        return float(sum(r.usd for r in rows.spend if r.kind in kinds))
+    found = s.exec(select(SpendEntry.usd).where(SpendEntry.job_id == job_id,
+                                                SpendEntry.kind.in_(kinds)))
+    return float(sum(found))
 
 
-def hindsight(s: Session, job: Job) -> Hindsight | None:
-    """Optimum and regret for a finished job; None if unfinished, no builder, or no model."""
+def hindsight_wanted() -> bool:
+    """True while a model builder is registered (the audit then reads what it needs)."""
+    return MODEL_FOR_JOB.get("default") is not None
+
+
+def hindsight(s: Session, job: Job, rows: JobRows | None = None) -> Hindsight | None:
+    """Optimum and regret for a finished job; None if unfinished, no builder, or no model.
+
+    rows: the job's rows read in bulk (spotrun.db.rows_by_job); None reads them here.
+    """
     builder = MODEL_FOR_JOB.get("default")
     if not job.state.is_terminal() or builder is None:
         return None
-    built = builder(s, job)
+    built = builder(s, job, rows)
     if built is None:
         return None
     import numpy as np
@@ -85,7 +97,7 @@ def hindsight(s: Session, job: Job) -> Hindsight | None:
     best = float(optimal_costs(model, np.asarray([row]))[0])
     if not np.isfinite(best):
         return None
-    actual = instance_usd(s, job.id)
+    actual = instance_usd(s, job.id, rows)
     return Hindsight(instance_usd=actual, optimal_usd=best, regret_usd=actual - best)
 
 

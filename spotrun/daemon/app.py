@@ -8,6 +8,7 @@ from typing import Any
 
 from spotrun.config import Settings
 from spotrun.daemon.context import Clock, DaemonContext, SystemClock
+from spotrun.daemon.dbturns import take_turns
 from spotrun.daemon.heartbeats import HeartbeatLoop, LivenessLoop
 from spotrun.daemon.lease import Lease, LeaseGuard
 from spotrun.daemon.nodeloop import NodeLoop
@@ -36,8 +37,13 @@ def configure_logging(level: int = logging.INFO, stream: Any = None) -> None:
 
 def build_context(settings: Settings, *, provider: Provider | None = None,
                   store: ObjectStore | None = None, clock: Clock | None = None) -> DaemonContext:
-    """The daemon's shared handles from settings (anything passed in wins)."""
+    """The daemon's shared handles from settings (anything passed in wins).
+
+    The loops run on threads of their own: their transactions on this engine take turns
+    (spotrun.daemon.dbturns), waiting at most the database busy timeout.
+    """
     engine = open_settings_db(settings)
+    take_turns(engine, settings.db_busy_timeout_s)
     return DaemonContext(engine=engine, settings=settings,
                          provider=provider or make_provider(settings),
                          store=store or open_store(settings.store_url),

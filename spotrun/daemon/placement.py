@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from datetime import datetime, timedelta
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
@@ -36,6 +36,9 @@ from spotrun.policy import POLICIES, Decision, JobProgress, MarketHistory, Mode,
 from spotrun.providers.base import Pool
 from spotrun.spec import JobSpec, job_spec
 from spotrun.states import AttemptState, EndReason, Market
+
+if TYPE_CHECKING:
+    from spotrun.daemon.decision import PassInputs
 
 DECISION_LOG_LEN = 10_000   # per job, most recent decisions kept in memory (inspection, tests)
 LIVE = (AttemptState.LAUNCHING, AttemptState.RUNNING)
@@ -129,14 +132,19 @@ class PolicyPlacer:
 
     # ------------------------------------------------------------ what and when
 
-    def manages(self, job: Job) -> bool:
-        """True for jobs the policy places: a deadline, market auto, and a work estimate."""
-        spec = job_spec(job)
+    def manages(self, job: Job, spec: JobSpec | None = None,
+                attempts: list[Attempt] | None = None) -> bool:
+        """True for jobs the policy places: a deadline, market auto, and a work estimate.
+
+        `spec` (spotrun.spec.job_spec) and `attempts` when the caller already read them.
+        """
+        spec = spec or job_spec(job)
         if not spec.policy.deadline:
             return False
-        with session(self.ctx.engine) as s:
-            measured = any(a.steps_per_s for a in attempts_of(s, job.id))
-        return policy_places(spec, measured)
+        if attempts is None:
+            with session(self.ctx.engine) as s:
+                attempts = attempts_of(s, job.id)
+        return policy_places(spec, any(a.steps_per_s for a in attempts))
 
     @property
     def tick_s(self) -> float:
@@ -171,20 +179,25 @@ class PolicyPlacer:
 
     # ------------------------------------------------------------ deciding
 
-    def decide(self, job: Job) -> PolicyStep | None:
-        """The decision for the current interval; None when this interval is already decided."""
+    def decide(self, job: Job, *, inputs: PassInputs | None = None, spec: JobSpec | None = None,
+               attempts: list[Attempt] | None = None) -> PolicyStep | None:
+        """The decision for the current interval; None when this interval is already decided.
+
+        `inputs`: the scheduling pass's shared reads; `spec` and `attempts` when already read.
+        """
         now = self.ctx.provider.now()
         slot = self.slot(now)
         last = self._last.get(job.id)
         if last is not None and last[0] == slot:
             return None
-        spec = job_spec(job)
-        with session(self.ctx.engine) as s:
-            attempts = attempts_of(s, job.id)
+        spec = spec or job_spec(job)
+        if attempts is None:
+            with session(self.ctx.engine) as s:
+                attempts = attempts_of(s, job.id)
         live = [a for a in attempts if a.state in LIVE]
         current = live[-1] if live else None
         from spotrun.daemon.decision import placement_for
-        placed = placement_for(self.ctx, job, spec)
+        placed = placement_for(self.ctx, job, spec, inputs=inputs)
         ranked = placed.ranking.candidates
         itype = current.instance_type if current else (ranked[0].instance_type if ranked
                                                         else None)

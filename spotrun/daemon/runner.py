@@ -1,23 +1,31 @@
-"""The runner owns the loops: apscheduler calls each loop's tick(now) on its interval.
+"""The runner owns the loops: each loop's tick(now) runs on its own thread, on its interval.
 
-One worker thread, so loops never race each other on the database; a loop that
-raises is logged and runs again next slot; missed slots are skipped, not burst.
+One thread per loop, so a long pass of one loop (a scheduling pass over a thousand queued
+jobs, a slow provider call) never holds another loop's pass back: heartbeats, reconcile and
+the notices keep their intervals whatever the scheduler does. The loops share the database by
+taking turns, one transaction at a time (spotrun.daemon.dbturns, installed on the daemon's
+engine by app.build_context), so a transaction that re-reads a row and writes it is atomic
+against the other loops. A loop that raises is logged and runs again at its next slot. Each
+loop's slots are its own interval grid, anchored at start: the first pass runs at once, a
+tick that outlasts its interval skips the slots it missed (one pass, never a burst), and a
+due tick always runs, however late (never dropped). Every tick's duration and lag go into
+`health` (spotrun.daemon.health), on the injected clock.
 """
 
 from __future__ import annotations
 
-import logging
 import signal
 import threading
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 import structlog
-from apscheduler.executors.pool import ThreadPoolExecutor
-from apscheduler.schedulers.background import BackgroundScheduler
-from apscheduler.triggers.interval import IntervalTrigger
 
 from spotrun.daemon.context import Clock, SystemClock
+from spotrun.daemon.health import LoopHealth
+
+# A waiting loop looks at its clock at least this often (a test's ManualClock moves by hand).
+MAX_WAIT_S = 1.0
 
 
 class Loop(Protocol):
@@ -40,54 +48,89 @@ class Scheduled:
 class Runner:
     """Runs loops until stopped; `run_once` runs each loop one time (tests, --once)."""
 
-    def __init__(self, loops: list[Scheduled], clock: Clock | None = None) -> None:
+    def __init__(self, loops: list[Scheduled], clock: Clock | None = None,
+                 health: LoopHealth | None = None) -> None:
         self.loops = loops
         self.clock = clock or SystemClock()
+        self.health = health or LoopHealth(self.clock)
         self.log = structlog.get_logger("spotrun.daemon.runner")
         self._stop = threading.Event()
+        self._wake = threading.Condition()
+        self._threads: list[threading.Thread] = []
         self.reload_requested = threading.Event()
-        self._scheduler: BackgroundScheduler | None = None
         self.errors = 0
+        self._errors_lock = threading.Lock()
 
-    def _call(self, loop: Loop) -> None:
+    def run_tick(self, item: Scheduled) -> None:
+        """One tick of item's loop, timed; an exception is logged and counted, not raised."""
         if self._stop.is_set():
             return
+        loop = item.loop
+        started = self.health.begin(loop.name)
+        failed = False
         try:
             loop.tick(self.clock.now())
         except Exception as exc:  # the runner catches and logs; the next slot runs again
-            self.errors += 1
+            failed = True
+            with self._errors_lock:
+                self.errors += 1
             self.log.exception("loop_failed", loop=loop.name, error=str(exc))
+        finally:
+            self.health.end(loop.name, started, failed=failed)
+
+    def anchor(self) -> None:
+        """Start every loop's slot grid now (lag is measured against it)."""
+        self.health.anchor({item.loop.name: item.interval_s for item in self.loops})
 
     def run_once(self) -> None:
-        """Run every loop once, in order."""
+        """Run every loop once, in order, on the calling thread."""
         for item in self.loops:
-            self._call(item.loop)
+            self.run_tick(item)
 
     def start(self) -> None:
-        """Start the loops in the background."""
-        # A slot skipped because the previous tick still runs is by design (scheduler: errors
-        # only); a missed run time is worth a line, as JSON in the daemon's log.
-        logging.getLogger("apscheduler.scheduler").setLevel(logging.ERROR)
-        logging.getLogger("apscheduler.executors.default").setLevel(logging.WARNING)
-        sched = BackgroundScheduler(executors={"default": ThreadPoolExecutor(max_workers=1)},
-                                    job_defaults={"coalesce": True, "max_instances": 1,
-                                                  "misfire_grace_time": 1})
+        """Start the loops in the background: one thread each, first pass at once."""
+        if self._threads:
+            return
+        self.anchor()
         for item in self.loops:
-            sched.add_job(self._call, IntervalTrigger(seconds=item.interval_s), args=[item.loop],
-                          id=item.loop.name, name=item.loop.name, next_run_time=None)
-        sched.start()
-        self._scheduler = sched
-        # First pass at once, then on the intervals.
-        for item in self.loops:
-            sched.modify_job(item.loop.name, next_run_time=_now_local())
+            thread = threading.Thread(target=self._work, args=(item,), daemon=True,
+                                      name=f"spotrun-loop-{item.loop.name}")
+            self._threads.append(thread)
+        for thread in self._threads:
+            thread.start()
         self.log.info("daemon_started", loops=[i.loop.name for i in self.loops])
 
+    def _work(self, item: Scheduled) -> None:
+        """One loop's thread: tick at each due slot until stopped."""
+        name = item.loop.name
+        while True:
+            with self._wake:
+                if self._stop.is_set():
+                    return
+                due = self.health.due(name)
+                if due is None:   # a health swapped in after start: this loop's grid starts now
+                    self.health.anchor({name: item.interval_s})
+                    continue
+                wait_s = due - self.clock.monotonic()
+                if wait_s > 0:
+                    self._wake.wait(min(wait_s, MAX_WAIT_S))
+                    continue
+            self.run_tick(item)
+
+    def wake(self) -> None:
+        """Make waiting loops look at the clock now (after a test moved its clock)."""
+        with self._wake:
+            self._wake.notify_all()
+
     def stop(self, wait: bool = True) -> None:
-        """Stop scheduling; a tick in progress finishes first when wait is True."""
+        """Stop scheduling; ticks in progress finish first when wait is True."""
         self._stop.set()
-        if self._scheduler is not None:
-            self._scheduler.shutdown(wait=wait)
-            self._scheduler = None
+        self.wake()
+        threads, self._threads = self._threads, []
+        if wait:
+            for thread in threads:
+                thread.join()
+        if threads:
             self.log.info("daemon_stopped")
 
     def serve_forever(self) -> None:
@@ -111,8 +154,3 @@ class Runner:
                     self.log.info("reload_requested")
         finally:
             self.stop(wait=True)
-
-
-def _now_local():
-    from datetime import datetime
-    return datetime.now().astimezone()

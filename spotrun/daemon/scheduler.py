@@ -15,22 +15,24 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import update
+from sqlalchemy import bindparam, literal, or_, update
+from sqlalchemy import select as sa_select
 from sqlmodel import select
 
 
 from spotrun.agent.config import AgentConfig
 from spotrun.config import Settings
 from spotrun.daemon.context import DaemonContext
-from spotrun.daemon.decision import placement_for
+from spotrun.daemon.decision import Decisions, PassInputs, RiskModels, placement_for
 from spotrun.daemon.nodes import (add_group_intents, group_pending, is_multi, launch_group,
                                   spec_is_multi, terminate_nodes)
 from spotrun.daemon.placement import PolicyPlacer, same_pool
 from spotrun.decide import MAX_CANDIDATES, Candidate
 from spotrun.decide.deadline import deadline_on_provider_clock
+from spotrun.decide.waitkind import reason_kind
 from spotrun.daemon.reconcile import terminate_attempt
 from spotrun.progress import job_resumes_from
-from spotrun.db import Attempt, Job, add_event, attempts_of, session
+from spotrun.db import Attempt, Event, Job, add_event, attempts_of, session, utcnow
 from spotrun.errors import CapacityError, ProviderError
 from spotrun.providers.base import (TAG_ATTEMPT, TAG_JOB, TAG_MANAGED, LaunchRequest, Pool,
                                     pools_from_json, pools_to_json)
@@ -38,6 +40,8 @@ from spotrun.spec import JobSpec, job_spec, spec_from_dict
 from spotrun.states import AttemptState, EndReason, JobState, Market, move_attempt, move_job
 
 NEEDS_LAUNCH = (JobState.QUEUED, JobState.RECOVERING)
+# (job id, the reason it waits, whether the reason's kind changed: a `waiting` event)
+Wait = tuple[str, str, bool]
 # Deadline jobs are placed by the shared policy in every live state (it may move them).
 PLACED = (JobState.QUEUED, JobState.RECOVERING, JobState.STARTING, JobState.RUNNING)
 RETRY_AFTER_NO_CAPACITY_S = 2.0
@@ -57,31 +61,69 @@ class SchedulerLoop:
         self.ctx = ctx
         self._no_capacity_until: dict[str, datetime] = {}
         self.placer = PolicyPlacer(ctx)
+        self.decisions = Decisions()
+        self.risks = RiskModels()
+        # job id -> ((spec_json, deadline_at), spec as stored, spec with the provider deadline)
+        self._specs: dict[str, tuple[tuple[str, datetime | None], JobSpec, JobSpec]] = {}
 
     def tick(self, now: datetime) -> None:
-        """One scheduling pass."""
+        """One scheduling pass: every job and its attempts in two reads, the market read
+        once, and a decision only for a job whose inputs changed (daemon/decision.py)."""
         self._finish_pending_launches()
         with session(self.ctx.engine) as s:
             jobs = list(s.exec(select(Job).where(Job.state.in_(PLACED))))
-        self.placer.retain({j.id for j in jobs})
-        for job in jobs:
-            job = self._fix_deadline(job)
-            if job.cancel_requested or job.budget_stop_requested:
-                continue
-            # Deadline jobs: the policy shared with `spotrun simulate` picks market and zone
-            # once per decision interval; the cost model still picks the type (placement.py).
-            if self.placer.manages(job):
-                self._place(job, now)
-                continue
-            if job.state not in NEEDS_LAUNCH:
-                continue
-            if self._no_capacity_until.get(job.id, now) > now:
-                continue
-            self._launch_for(job, now)
+            rows = list(s.exec(select(Attempt).join(Job, Job.id == Attempt.job_id)
+                               .where(Job.state.in_(PLACED))
+                               .order_by(Attempt.job_id, Attempt.number)))
+        attempts: dict[str, list[Attempt]] = {}
+        for a in rows:
+            attempts.setdefault(a.job_id, []).append(a)
+        ids = {j.id for j in jobs}
+        self.placer.retain(ids)
+        self.decisions.retain({j.id for j in jobs if j.state in NEEDS_LAUNCH})
+        for gone in [j for j in self._specs if j not in ids]:
+            del self._specs[gone]
+        inputs = PassInputs(self.ctx, attempts=attempts, jobs={j.id: j for j in jobs},
+                            risks=self.risks)
+        waits: list[Wait] = []
+        try:
+            for job in jobs:
+                job = self._fix_deadline(job)
+                if job.cancel_requested or job.budget_stop_requested:
+                    continue
+                mine = attempts.get(job.id, [])
+                # Deadline jobs: the policy shared with `spotrun simulate` picks market and
+                # zone once per decision interval; the cost model still picks the type
+                # (placement.py).
+                if self.placer.manages(job, self._spec(job), mine):
+                    self._place(job, now, inputs, mine)
+                    continue
+                if job.state not in NEEDS_LAUNCH:
+                    continue
+                if self._no_capacity_until.get(job.id, now) > now:
+                    continue
+                self._launch_for(job, now, inputs, mine, waits)
+        finally:
+            self._record_waits(waits)
+
+    def _specs_of(self, job: Job) -> tuple[JobSpec, JobSpec]:
+        """(the spec as stored, with its deadline on the provider's clock), parsed once per
+        version of the row's spec and deadline."""
+        key = (job.spec_json, job.deadline_at)
+        held = self._specs.get(job.id)
+        if held is None or held[0] != key:
+            stored = spec_from_dict(job.spec)
+            held = (key, stored, job_spec(job) if job.deadline_at is not None else stored)
+            self._specs[job.id] = held
+        return held[1], held[2]
+
+    def _spec(self, job: Job) -> JobSpec:
+        """The typed spec decisions read (spotrun.spec.job_spec), parsed once per version."""
+        return self._specs_of(job)[1]
 
     def _fix_deadline(self, job: Job) -> Job:
         """Put a deadline on the provider's clock once (the one conversion; see decide)."""
-        deadline = spec_from_dict(job.spec).policy.deadline
+        deadline = self._specs_of(job)[0].policy.deadline
         if deadline is None or job.deadline_at is not None:
             return job
         with session(self.ctx.engine) as s:
@@ -93,9 +135,10 @@ class SchedulerLoop:
             s.commit()
             return j
 
-    def _place(self, job: Job, now: datetime) -> None:
+    def _place(self, job: Job, now: datetime, inputs: PassInputs,
+               attempts: list[Attempt]) -> None:
         """Carry out the policy's decision: stay, launch, move (stop, then launch) or stop."""
-        p = self.placer.decide(job)
+        p = self.placer.decide(job, inputs=inputs, spec=self._spec(job), attempts=attempts)
         if p is None or not p.act:
             return
         current, target = p.current, p.target
@@ -112,17 +155,52 @@ class SchedulerLoop:
 
     # ------------------------------------------------------------ launching
 
-    def _launch_for(self, job: Job, now: datetime) -> None:
-        spec = job_spec(job)
-        with session(self.ctx.engine) as s:
-            attempts = attempts_of(s, job.id)
+    def _launch_for(self, job: Job, now: datetime, inputs: PassInputs,
+                    attempts: list[Attempt], waits: list[Wait]) -> None:
+        """Launch where the job's decision says, deciding again only if its inputs changed."""
         if any(not a.state.is_terminal() for a in attempts):
             return
-        placed = placement_for(self.ctx, job, spec)
+        spec = self._spec(job)
+        key = self.decisions.key(job, spec, attempts, inputs)
+        placed = self.decisions.standing(job, spec, key, inputs, now)
+        if placed is None:
+            placed = placement_for(self.ctx, job, spec, inputs=inputs)
+            self.decisions.keep(job, spec, key, placed, now)
         if not placed.candidates:
-            self._wait(job, now, placed.wait_reason or "no pool can take the job now")
+            why = placed.wait_reason or "no pool can take the job now"
+            self._no_capacity_until[job.id] = now + timedelta(seconds=RETRY_AFTER_NO_CAPACITY_S)
+            if job.reason != why:
+                # status reads the live text (prices, pools); the history gets one event per
+                # change of what the job waits for, not one per price move (reason_kind).
+                waits.append((job.id, why, job.reason is None
+                              or reason_kind(job.reason) != reason_kind(why)))
             return
         self._start_attempt(job, attempts, placed.candidates[:MAX_CANDIDATES], now)
+
+    def _record_waits(self, waits: list[Wait]) -> None:
+        """The pass's waiting reasons and `waiting` events, in one transaction of two batched
+        statements; a job cancelled (or launched) since the pass read it is left alone."""
+        if not waits:
+            return
+        jobs, events = Job.__table__, Event.__table__
+        # Not IN (...): an expanding parameter cannot go into a batched (executemany) statement.
+        waiting = or_(*(jobs.c.state == state for state in NEEDS_LAUNCH))
+        set_reason = jobs.update().where(jobs.c.id == bindparam("b_id"), waiting) \
+            .values(reason=bindparam("b_why"))
+        still = sa_select(jobs.c.id).where(jobs.c.id == bindparam("b_id"), waiting).exists()
+        add = events.insert().from_select(
+            ["job_id", "kind", "detail", "ts"],
+            sa_select(bindparam("b_id", type_=events.c.job_id.type), literal("waiting"),
+                      bindparam("b_why", type_=events.c.detail.type),
+                      bindparam("b_ts", type_=events.c.ts.type)).where(still))
+        ts = utcnow()
+        with session(self.ctx.engine) as s:
+            conn = s.connection()
+            conn.execute(set_reason, [{"b_id": j, "b_why": why} for j, why, _ in waits])
+            changed = [{"b_id": j, "b_why": why, "b_ts": ts} for j, why, kind in waits if kind]
+            if changed:
+                conn.execute(add, changed)
+            s.commit()
 
     def _start_attempt(self, job: Job, attempts: list[Attempt], choices: list[Candidate],
                        now: datetime) -> None:
@@ -134,7 +212,7 @@ class SchedulerLoop:
         start_step = self.ctx.checkpointed_step(job.id, job.checkpoint_uri, job.last_step)
         first = pools[0]
         price = self._price(first)
-        spec = spec_from_dict(job.spec)
+        spec = self._specs_of(job)[0]
         multi = spec_is_multi(spec)
         attempt = Attempt(job_id=job.id, number=number, state=AttemptState.LAUNCHING,
                           nodes=spec.resources.nodes, nodes_min=spec.resources.nodes_min,
@@ -207,7 +285,7 @@ class SchedulerLoop:
             job_id=job.id, attempt_number=attempt.number, client_token=attempt.client_token,
             candidates=tuple(pools), user_data=self.agent_config(job, attempt).to_json(),
             tags={TAG_JOB: job.id, TAG_ATTEMPT: str(attempt.number), TAG_MANAGED: "true"},
-            max_price_usd_per_hour=spec_from_dict(job.spec).policy.max_price_usd_per_hour)
+            max_price_usd_per_hour=self._specs_of(job)[0].policy.max_price_usd_per_hour)
         plan = self.ctx.provider.plan_launch(request)
         try:
             info = self.ctx.provider.launch(plan)
@@ -241,7 +319,7 @@ class SchedulerLoop:
     def _launch_group(self, job: Job, attempt: Attempt, pools: list[Pool], now: datetime) -> None:
         """All of a multi-node attempt's nodes in one pool (spotrun.daemon.nodes)."""
         user_data = self.agent_config(job, attempt).to_json()
-        max_price = spec_from_dict(job.spec).policy.max_price_usd_per_hour
+        max_price = self._specs_of(job)[0].policy.max_price_usd_per_hour
         try:
             infos = launch_group(self.ctx, job, attempt, pools, user_data, max_price)
         except CapacityError as exc:
@@ -302,7 +380,9 @@ class SchedulerLoop:
             if j.state is JobState.STARTING:
                 move_job(j, JobState.RECOVERING if j.last_step or attempts_of(s, j.id)
                          else JobState.QUEUED)
-            changed = j.reason != why
+            # status reads the live text (prices, pools); the history gets one event per
+            # change of what the job waits for, not one per price move (reason_kind).
+            changed = j.reason is None or reason_kind(j.reason) != reason_kind(why)
             j.reason = why
             s.add(j)
             if changed:
@@ -374,6 +454,7 @@ def build_agent_config(settings: Settings, plan: AttemptPlan) -> AgentConfig:
         secrets=dict(spec.secrets), bundle_key=plan.bundle_key, gpus=plan.gpus,
         total_steps=spec.work.total_steps, checkpoint_interval_s=interval_s,
         checkpoint_keep=spec.checkpoint.keep, time_scale=scale, outputs=list(spec.outputs),
+        persist=spec.persist_patterns(), job_dir=facts.job_dir(st),
         heartbeat_interval_s=st.agent.heartbeat_interval_s,
         notice_poll_interval_s=st.agent.notice_poll_interval_s,
         log_flush_interval_s=st.agent.log_flush_interval_s,

@@ -17,6 +17,7 @@ import structlog
 from spotrun.config import Settings, load_settings
 from spotrun.daemon.app import build_context, build_runner
 from spotrun.daemon.context import DaemonContext
+from spotrun.daemon.health import HealthPublisher, read_health
 from spotrun.daemon.lease import Lease, LeaseKeeper, wait_for_lease
 from spotrun.errors import SpotrunError
 
@@ -61,12 +62,25 @@ def reload_settings(ctx: DaemonContext) -> tuple[list[str], list[str]]:
 
 def serve(settings: Settings) -> int:
     """Run until SIGTERM/SIGINT; the exit status for the process."""
+    from spotrun.db import make_engine
     flags = _Flags()
     _install(flags)
     log = structlog.get_logger("spotrun.daemon")
     ctx = build_context(settings)
+    # The lease and the health record have an engine of their own, outside the loops' turns
+    # at the database (dbturns): a loop's long transaction never delays a renewal.
+    own = make_engine(settings.database_url, busy_timeout_s=settings.db_busy_timeout_s,
+                      check_file=False)
+    try:
+        return _serve(settings, ctx, own, flags, log)
+    finally:
+        own.dispose()
+
+
+def _serve(settings: Settings, ctx: DaemonContext, own: Any, flags: _Flags, log: Any) -> int:
+    """serve() once the engines are open: lease, loops, reloads, a clean stop."""
     d = settings.daemon
-    lease = Lease(ctx.engine, ttl_s=d.lease_ttl_s, clock=ctx.clock)
+    lease = Lease(own, ttl_s=d.lease_ttl_s, clock=ctx.clock)
     if not wait_for_lease(lease, poll_s=max(min(d.lease_renew_interval_s, 1.0), 0.05),
                           stop=flags.stop, log=log):
         log.info("daemon_stopped", reason="stopped while waiting for the lease")
@@ -75,6 +89,8 @@ def serve(settings: Settings) -> int:
                          log=log).start()
     runner = build_runner(ctx, lease=lease)
     runner.start()
+    # Its own thread and engine, so no loop's long pass holds the figures back.
+    publisher = HealthPublisher(own, lambda: runner.health, lease.owner, log).start()
     try:
         while not flags.stop.wait(0.2):
             if flags.reload.is_set():
@@ -83,6 +99,7 @@ def serve(settings: Settings) -> int:
     finally:
         runner.stop(wait=True)
         keeper.stop()
+        publisher.stop(clear=not keeper.lost.is_set())
         if not keeper.lost.is_set():
             lease.release()
     if keeper.lost.is_set():
@@ -104,7 +121,9 @@ def _reload(ctx: DaemonContext, runner: Any, lease: Lease, keeper: LeaseKeeper,
     keeper.interval_s = d.lease_renew_interval_s
     # Loops keep nothing that matters across a restart, so new intervals apply by restarting.
     runner.stop(wait=True)
+    health = runner.health
     runner = build_runner(ctx, lease=lease)
+    runner.health = health   # the histogram counts on across a reload; the slots start anew
     runner.start()
     log.info("reloaded", applied=applied, ignored_need_restart=ignored,
              heartbeat_timeout_s=d.heartbeat_timeout_s)
@@ -131,6 +150,7 @@ def health(settings: Settings) -> tuple[bool, str, dict[str, Any]]:
         engine = make_engine(url, busy_timeout_s=settings.db_busy_timeout_s)
         try:
             holder = Lease(engine, ttl_s=settings.daemon.lease_ttl_s).holder()
+            record = read_health(engine)
         finally:
             engine.dispose()
     except Exception as exc:  # any failure to reach the database is the answer itself
@@ -143,4 +163,17 @@ def health(settings: Settings) -> tuple[bool, str, dict[str, Any]]:
     if holder.expired(datetime.now(timezone.utc)):
         return False, f"lease expired at {holder.expires_at} (daemon {holder.owner} is silent)", \
             detail
+    detail.update(_loops_detail(record, holder.owner))
     return True, f"daemon {holder.owner} holds the lease until {holder.expires_at}", detail
+
+
+def _loops_detail(record: dict[str, Any] | None, owner: str) -> dict[str, Any]:
+    """The lease holder's loop figures for --check (none from another, earlier daemon)."""
+    if record is None or record.get("owner") != owner:
+        return {}
+    written = datetime.fromisoformat(record["written_at"])
+    loops = {name: {k: v for k, v in figures.items() if k != "histogram"}
+             for name, figures in (record.get("loops") or {}).items()}
+    return {"loops_written_at": record["written_at"],
+            "loops_age_s": round((datetime.now(timezone.utc) - written).total_seconds(), 3),
+            "loops_window_s": record.get("window_s"), "loops": loops}

@@ -19,8 +19,7 @@ from sqlalchemy.exc import IntegrityError, OperationalError
 from sqlmodel import select
 
 from spotrun.daemon.nodes import is_multi
-from spotrun.db import (Attempt, AttemptNode, Job, LedgerMark, SpendEntry, attempts_of, session,
-                        utcnow)
+from spotrun.db import Attempt, AttemptNode, Job, LedgerMark, SpendEntry, session, utcnow
 from spotrun.errors import SpotrunError
 from spotrun.ledger.booking import BookingConflict, book_attempt, instance_times
 from spotrun.ledger.budget import budget_check, job_budget_usd, request_budget_stop
@@ -167,19 +166,26 @@ class SpendLoop:
 
     # ------------------------------------------------------------ storage
 
-    def _storage_jobs(self) -> list[Job]:
+    def _storage_jobs(self) -> list[tuple[Job, LedgerMark | None, list[Attempt]]]:
+        """Jobs whose storage is still booked, each with its mark and its started attempts,
+        in two queries (a queued job with nothing started costs no more)."""
         key = literal("storage:") + Job.id
-        q = (select(Job).outerjoin(LedgerMark, LedgerMark.key == key)
-             .where(or_(Job.state.not_in(_TERMINAL_JOBS), LedgerMark.closed.is_(None),
-                        LedgerMark.closed == False)))  # noqa: E712
+        still = or_(Job.state.not_in(_TERMINAL_JOBS), LedgerMark.closed.is_(None),
+                    LedgerMark.closed == False)  # noqa: E712
         with session(self.engine) as s:
-            return list(s.exec(q))
+            rows = list(s.exec(select(Job, LedgerMark)
+                               .outerjoin(LedgerMark, LedgerMark.key == key).where(still)))
+            started = list(s.exec(select(Attempt).join(Job, Job.id == Attempt.job_id)
+                                  .outerjoin(LedgerMark, LedgerMark.key == key)
+                                  .where(still, Attempt.started_at.is_not(None))
+                                  .order_by(Attempt.number)))
+        by_job: dict[str, list[Attempt]] = {}
+        for a in started:
+            by_job.setdefault(a.job_id, []).append(a)
+        return [(job, mark, by_job.get(job.id, [])) for job, mark in rows]
 
     def _book_storage(self, pnow: datetime, wall: datetime, out: SpendTick) -> None:
-        for job in self._storage_jobs():
-            with session(self.engine) as s:
-                atts = [a for a in attempts_of(s, job.id) if a.started_at is not None]
-                mark = s.get(LedgerMark, storage_key(job.id))
+        for job, mark, atts in self._storage_jobs():
             if not atts:
                 continue
             start = min(a.started_at for a in atts)
@@ -210,14 +216,22 @@ class SpendLoop:
     # ------------------------------------------------------------ budgets
 
     def _check_budgets(self, pnow: datetime, wall: datetime, out: SpendTick) -> None:
+        live = (Job.state.not_in(_TERMINAL_JOBS),
+                Job.budget_stop_requested == False)  # noqa: E712
         with session(self.engine) as s:
-            jobs = list(s.exec(select(Job).where(Job.state.not_in(_TERMINAL_JOBS),
-                                                 Job.budget_stop_requested == False)))  # noqa: E712
+            jobs = list(s.exec(select(Job).where(*live)))
+            # Only a job with an instance running can pass its budget before the next launch.
+            running = list(s.exec(select(Attempt).join(Job, Job.id == Attempt.job_id).where(
+                *live, Attempt.state != AttemptState.ENDED, Attempt.started_at.is_not(None),
+                Attempt.ended_at.is_(None)).order_by(Attempt.number)))
+        by_job: dict[str, list[Attempt]] = {}
+        for a in running:
+            by_job.setdefault(a.job_id, []).append(a)
         for job in jobs:
-            if job_budget_usd(job) is None:
-                continue
+            if job_budget_usd(job) is None or job.id not in by_job:
+                continue   # nothing running: the scheduler checks before the next launch
             with session(self.engine) as s:
-                expected = self._expected_usd(s, job.id, pnow)
+                expected = self._expected_usd(s, by_job[job.id], pnow)
                 if expected <= 0:
                     continue   # nothing running: the scheduler checks before the next launch
                 j = s.get(Job, job.id)
@@ -227,10 +241,10 @@ class SpendLoop:
                     out.stop_jobs.append(job.id)
                     self.log.info("budget_stop_requested", job=job.id, reason=decision.reason)
 
-    def _expected_usd(self, s: Any, job_id: str, pnow: datetime) -> float:
-        """Cost of running attempts from their watermark until they can be stopped."""
+    def _expected_usd(self, s: Any, attempts: list[Attempt], pnow: datetime) -> float:
+        """Cost of the running attempts from their watermark until they can be stopped."""
         total = 0.0
-        for a in attempts_of(s, job_id):
+        for a in attempts:
             if a.state is AttemptState.ENDED or a.started_at is None or a.ended_at is not None:
                 continue
             mark = s.get(LedgerMark, f"attempt:{a.id}")

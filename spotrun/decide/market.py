@@ -75,28 +75,90 @@ def catalog_snapshot(catalog: Catalog, region: str, zones: Iterable[str], at: da
 def provider_snapshot(provider: Any, types: Iterable[str], zones: Iterable[str] | None = None,
                       ) -> MarketSnapshot:
     """The provider's live view: its market_view where it has one, else price calls per pool."""
-    names = list(types)
-    zl = tuple(zones or provider.zones())
-    at = provider.now()
-    spot: dict[PoolKey, float | None] = {}
-    avail: dict[PoolKey, bool] = {}
-    view = getattr(provider, "market_view", None)
-    if view is not None:
-        rows = view(names)
-        # The provider's own zone order (a trace's column order) is what policies index by.
-        seen = list(dict.fromkeys(r.zone for r in rows if r.zone in zl))
-        zl = tuple(seen + [z for z in zl if z not in seen])
-        for row in rows:
-            if row.zone in zl:
-                p = row.spot_price_usd_per_hour
-                spot[(row.instance_type, row.zone)] = None if p is None or (
-                    isinstance(p, float) and math.isnan(p)) else float(p)
-                avail[(row.instance_type, row.zone)] = bool(row.available)
-        fetch = None
+    return SnapshotSource(provider, types).snapshot(zones)
+
+
+class SnapshotSource:
+    """One moment of a provider's market, cut for any zone list: the provider is asked once.
+
+    The daemon's scheduler reads one per pass and decides every job on it; each cut is what
+    `provider_snapshot(provider, types, zones)` returns at that moment.
+    """
+
+    def __init__(self, provider: Any, types: Iterable[str]) -> None:
+        self.provider = provider
+        self.names = list(types)
+        self._zones: tuple[str, ...] | None = None
+        self._at: datetime | None = None
+        self._rows: list[Any] | None = None
+        self._od: dict[str, float | None] | None = None
+        self._cuts: dict[tuple[str, ...] | None, MarketSnapshot] = {}
+        self._prints: dict[tuple[Any, ...], int] = {}
+
+    def snapshot(self, zones: Iterable[str] | None = None) -> MarketSnapshot:
+        """The market over these zones (default: every zone of the provider)."""
+        key = tuple(zones) if zones else None
+        got = self._cuts.get(key)
+        if got is None:
+            got = self._cuts[key] = self._cut(key)
+        return got
+
+    def fingerprint(self, zones: Iterable[str] | None = None,
+                    types: Iterable[str] | None = None) -> int:
+        """snapshot_fingerprint of a cut, computed once per (zones, types)."""
+        market = self.snapshot(zones)
+        names = None if market.fetch is None or types is None else tuple(types)
+        key = (market.zones, names)
+        got = self._prints.get(key)
+        if got is None:
+            got = self._prints[key] = snapshot_fingerprint(market, names)
+        return got
+
+    def _cut(self, key: tuple[str, ...] | None) -> MarketSnapshot:
+        provider = self.provider
+        if key is None and self._zones is None:
+            self._zones = tuple(provider.zones())
+        zl = key if key is not None else self._zones
+        assert zl is not None
+        if self._at is None:
+            self._at = provider.now()
+        spot: dict[PoolKey, float | None] = {}
+        avail: dict[PoolKey, bool] = {}
+        view = getattr(provider, "market_view", None)
+        if view is not None:
+            if self._rows is None:
+                self._rows = list(view(self.names))
+            rows = self._rows
+            # The provider's own zone order (a trace's column order) is what policies index by.
+            seen = list(dict.fromkeys(r.zone for r in rows if r.zone in zl))
+            zl = tuple(seen + [z for z in zl if z not in seen])
+            for row in rows:
+                if row.zone in zl:
+                    p = row.spot_price_usd_per_hour
+                    spot[(row.instance_type, row.zone)] = None if p is None or (
+                        isinstance(p, float) and math.isnan(p)) else float(p)
+                    avail[(row.instance_type, row.zone)] = bool(row.available)
+            fetch = None
+        else:
+            def fetch(t: str, z: str) -> float | None:
+                return safe_price(provider.spot_price, t, z)
+        if self._od is None:
+            self._od = {t: safe_price(provider.on_demand_price, t) for t in self.names}
+        source = getattr(provider, "snapshot_source", "live")
+        return MarketSnapshot(zones=zl, spot=spot, on_demand=dict(self._od), at=self._at,
+                              source=source, available=avail, fetch=fetch)
+
+
+def snapshot_fingerprint(market: MarketSnapshot, types: Iterable[str] | None = None) -> int:
+    """A hash of everything a decision reads from the snapshot, its time aside.
+
+    Zones in order, spot prices and availability per pool, on-demand prices. A snapshot that
+    fetches prices per pool is read for `types` in its zones (fetching them as a decision
+    would); without types, only the pools it holds count.
+    """
+    if market.fetch is not None and types is not None:
+        spot = tuple((t, z, market.spot_price(t, z)) for t in types for z in market.zones)
     else:
-        def fetch(t: str, z: str) -> float | None:
-            return safe_price(provider.spot_price, t, z)
-    od = {t: safe_price(provider.on_demand_price, t) for t in names}
-    source = getattr(provider, "snapshot_source", "live")
-    return MarketSnapshot(zones=zl, spot=spot, on_demand=od, at=at, source=source,
-                          available=avail, fetch=fetch)
+        spot = tuple(market.spot.items())
+    return hash((market.source, market.zones, spot, tuple(market.available.items()),
+                 tuple(market.on_demand.items())))

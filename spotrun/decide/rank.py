@@ -156,9 +156,16 @@ def rank(spec: JobSpec, *, catalog: Catalog, market: MarketSnapshot, history: Hi
     ref_type = catalog.get(ref_name)
     ref_gpus = min(spec.resources.gpus, ref_type.gpus)
 
+    speeds: dict[tuple[str, int, int], float] = {}   # the same for every zone and market
+
     def speed_of(t: InstanceType, g: int, n: int = 1) -> float:
-        return instance_speed(catalog, t, precision=spec.model.precision,
-                              sharding=spec.model.sharding, scaling=scaling, gpus=g, nodes=n)
+        key = (t.name, g, n)
+        got = speeds.get(key)
+        if got is None:
+            got = speeds[key] = instance_speed(
+                catalog, t, precision=spec.model.precision, sharding=spec.model.sharding,
+                scaling=scaling, gpus=g, nodes=n)
+        return got
 
     ref_speed = speed_of(ref_type, ref_gpus)
     sps_ref = _sps_reference(catalog, job, ref_name, lambda t: speed_of(t, ref_gpus) / ref_speed)

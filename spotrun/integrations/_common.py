@@ -21,6 +21,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
+from spotrun import jobfiles
 from spotrun.checkpoints import (MANIFEST, Manifest, apply_retention, checkpoint_name,
                                  list_complete, read_manifest, write_manifest)
 from spotrun.errors import ChecksumMismatch, ObjectNotFound, StoreError
@@ -117,17 +118,47 @@ def env_interval_s(env: Mapping[str, str] | None = None) -> float | None:
 
 def upload_files(store: ObjectStore, step: int, files: Mapping[str, Path], kind: str,
                  extra: Mapping[str, Any] | None = None, keep: int | None = None) -> Manifest:
-    """Upload {stored-relative-path: local file} as checkpoint `step`, manifest last."""
+    """Upload {stored-relative-path: local file} as checkpoint `step`, manifest last.
+
+    The job's persisted files (spotrun/jobfiles.py) are captured now and go into the same
+    checkpoint; those that are among `files` are referenced, not sent twice.
+    """
     name = checkpoint_name(step)
+    flat_paths = {rel.replace("/", SEP): Path(path) for rel, path in sorted(files.items())}
+    job_files = jobfiles.default()
+    captured = job_files.capture(flat_paths, checkpoint=name) if job_files.active else None
     listed: dict[str, dict[str, Any]] = {}
-    for rel, path in sorted(files.items()):
-        flat = rel.replace("/", SEP)
-        digest = store.put_file(f"{name}/{flat}", path)
-        listed[flat] = {"size": Path(path).stat().st_size, "sha256": digest}
+    try:
+        for flat, path in flat_paths.items():
+            digest = store.put_file(f"{name}/{flat}", path)
+            listed[flat] = {"size": path.stat().st_size, "sha256": digest}
+        if captured is not None:
+            listed[jobfiles.INDEX] = job_files.upload(store, name, captured)
+    finally:
+        if captured is not None:
+            captured.discard()
     manifest = write_manifest(store, step, listed, {"kind": kind, **dict(extra or {})})
+    if captured is not None:
+        job_files.published(captured)
     if keep is not None:
         apply_retention(store, keep)
     return manifest
+
+
+def restore_job_files(store: ObjectStore, name: str) -> int:
+    """Put checkpoint `name`'s persisted files into the job directory (unless the agent did).
+
+    Also primes this process's capture with them, so the next save does not send them again.
+    """
+    job_files = jobfiles.default()
+    if os.environ.get(jobfiles.RESTORED_ENV) == name:
+        job_files.prime(store, name)
+        return 0
+    count = jobfiles.restore(store, name, job_files.root)
+    job_files.prime(store, name)   # only once restored: a failed one falls back elsewhere
+    if count:
+        log.info("spotrun: restored %d persisted files of %s into %s", count, name, job_files.root)
+    return count
 
 
 def folder_files(folder: Path) -> dict[str, Path]:
@@ -140,6 +171,8 @@ def download(store: ObjectStore, name: str, dest: Path) -> Manifest:
     manifest = read_manifest(store, name)
     dest.mkdir(parents=True, exist_ok=True)
     for flat, meta in manifest.files.items():
+        if flat == jobfiles.INDEX:
+            continue   # the job's persisted files: restore_job_files puts them in the job dir
         target = dest / flat.replace(SEP, "/")
         target.parent.mkdir(parents=True, exist_ok=True)
         store.get_file(f"{name}/{flat}", target)
@@ -225,7 +258,7 @@ class Progress:
 
 
 __all__ = ["MANIFEST", "Notice", "Progress", "download", "env_interval_s", "env_keep",
-           "folder_files", "job_store", "newest_of_kind", "upload_files"]
+           "folder_files", "job_store", "newest_of_kind", "restore_job_files", "upload_files"]
 
 
 def note_save(cb: Any, step: int, where: str, t0: float) -> None:

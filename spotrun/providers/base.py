@@ -210,6 +210,9 @@ class ProviderFacts:
     # The defaults are a provider that gives no notice.
     notice_window_s: Callable[[Any], float] = lambda st: 0.0
     notice_prior: float = 0.0
+    # The job's directory on an instance, the same absolute path on every attempt (frameworks
+    # record absolute paths): a template with {job_id} and {node_rank}; None: <agent dir>/job.
+    job_dir: Callable[[Any], str | None] = lambda st: None
 
 
 class MarketTruth(Protocol):

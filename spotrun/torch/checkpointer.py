@@ -24,6 +24,7 @@ import hashlib
 import json
 import logging
 import math
+import os
 import threading
 import time
 from contextlib import contextmanager
@@ -32,6 +33,7 @@ from typing import Any, Callable, Iterator, MutableMapping
 
 import torch
 
+from spotrun import jobfiles
 from spotrun.checkpoints import checkpoint_name, list_complete, list_names, read_manifest
 from spotrun.errors import ChecksumMismatch, ConfigError, ObjectNotFound, StoreError
 from spotrun.store import open_store
@@ -126,6 +128,10 @@ class Checkpointer(StateMixin):
         self.persister = Persister(self.store, keep=self.keep, retries=retries,
                                    backoff_s=retry_backoff_s, shard_bytes=shard_bytes, clock=clock)
         self.persister.on_failure = lambda _out: self.write_progress()   # failed saves show now
+        if self.dist.is_writer and not self.dist.sharded:
+            # The job's persisted files (spec `persist:`) go with the writer's checkpoints.
+            self.persister.files = jobfiles.default() if env is None else jobfiles.JobFiles(env=env)
+        self._env = os.environ if env is None else env
         # Reported through the progress file (the agent's heartbeat).
         self.current_step = 0
         self.last_checkpoint_step: int | None = None
@@ -332,6 +338,7 @@ class Checkpointer(StateMixin):
                     log.warning("skipping checkpoint %s: no manifest (partial write)", p)
             del data
             self.load_tree(tree)
+            self._restore_files(name)
             step = int(manifest.step)
             self.dist.after_restore(self, name)
             log.info("restored checkpoint %s (step %d)", name, step)
@@ -342,6 +349,17 @@ class Checkpointer(StateMixin):
         self._remember(0)
         self.guard.safe_step = 0
         return 0
+
+    def _restore_files(self, name: str) -> None:
+        """The checkpoint's persisted files into the job directory, unless the agent put them there."""
+        if self.persister.files is None:
+            return
+        self.persister.files.prime(self.store, name)
+        if self._env.get(jobfiles.RESTORED_ENV) == name:
+            return
+        count = jobfiles.restore(self.store, name, self.persister.files.root)
+        if count:
+            log.info("restored %d persisted files of %s", count, name)
 
     # -- training loop ----------------------------------------------------------
 

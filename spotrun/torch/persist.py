@@ -20,8 +20,9 @@ from typing import Any, Callable
 from tenacity import (RetryCallState, Retrying, retry_if_exception, stop_after_attempt,
                       wait_exponential)
 
-from spotrun.checkpoints import Manifest, apply_retention
+from spotrun.checkpoints import Manifest, apply_retention, checkpoint_name
 from spotrun.errors import CheckpointError
+from spotrun.jobfiles import Capture, JobFiles
 from spotrun.store.base import ObjectStore
 from spotrun.torch.snapshot import Snapshot
 from spotrun.torch.storage import Abandoned, write_snapshot
@@ -35,6 +36,7 @@ class Outcome:
 
     step: int
     manifest: Manifest | None = None
+    files: Capture | None = None     # the job's persisted files captured with the snapshot
     persist_s: float = 0.0
     tries: int = 0
     abandoned: bool = False
@@ -62,6 +64,9 @@ class Persister:
         self.failed_saves = 0
         self.last_failure: dict[str, Any] | None = None
         self.on_failure: Callable[[Outcome], None] | None = None   # e.g. rewrite progress
+        # The job's persisted files, captured in the caller's thread with each snapshot (the
+        # writer rank's); None: weights only.
+        self.files: JobFiles | None = None
 
     @property
     def busy(self) -> bool:
@@ -78,7 +83,7 @@ class Persister:
     def run(self, snap: Snapshot, extra: dict[str, Any] | None = None) -> Outcome:
         """Persist in the calling thread; raises CheckpointError if every try fails."""
         self._cancel.clear()
-        out = self._persist(snap, extra)
+        out = self._persist(snap, extra, self._capture(snap))
         if out.error is not None:
             raise failure(out) from out.error
         return out
@@ -89,7 +94,8 @@ class Persister:
             raise CheckpointError("a persist is already in flight", field="checkpoint",
                                   value=snap.step)
         self._cancel.clear()
-        self._thread = threading.Thread(target=self._background, args=(snap, extra),
+        self._thread = threading.Thread(target=self._background,
+                                        args=(snap, extra, self._capture(snap)),
                                         name=f"spotrun-persist-{snap.step}", daemon=True)
         self._thread.start()
 
@@ -112,8 +118,15 @@ class Persister:
             done, self._done = self._done, []
         return done
 
-    def _background(self, snap: Snapshot, extra: dict[str, Any] | None) -> None:
-        out = self._persist(snap, extra)
+    def _capture(self, snap: Snapshot) -> Capture | None:
+        """The persisted files as they are now, at the snapshot's step."""
+        if self.files is None or not self.files.active:
+            return None
+        return self.files.capture(checkpoint=checkpoint_name(snap.step))
+
+    def _background(self, snap: Snapshot, extra: dict[str, Any] | None,
+                    files: Capture | None) -> None:
+        out = self._persist(snap, extra, files)
         with self._lock:
             self._done.append(out)
 
@@ -121,14 +134,19 @@ class Persister:
         with self._lock:
             self._bytes_done = done
 
-    def _persist(self, snap: Snapshot, extra: dict[str, Any] | None) -> Outcome:
+    def _persist(self, snap: Snapshot, extra: dict[str, Any] | None,
+                 files: Capture | None = None) -> Outcome:
         t0 = self.clock()
-        out = Outcome(step=snap.step)
+        out = Outcome(step=snap.step, files=files)
         with self._lock:
             self._bytes_total, self._bytes_done = snap.nbytes, 0
         kwargs: dict[str, Any] = {"extra": extra, "cancel": self._cancel, "progress": self._progress}
         if self.shard_bytes:
             kwargs["shard_bytes"] = self.shard_bytes
+        job_files = self.files
+        if files is not None and job_files is not None:
+            kwargs["job_files"] = lambda name: job_files.upload(self.store, name, files)
+
         def one_try() -> Any:
             out.tries += 1
             return write_snapshot(self.store, snap, **kwargs)
@@ -152,6 +170,11 @@ class Persister:
             out.abandoned = True
         except Exception as exc:   # any store failure: OSError, StoreError, botocore
             out.error = exc
+        finally:
+            if files is not None:
+                files.discard()
+        if out.manifest is not None and files is not None and job_files is not None:
+            job_files.published(files)
         if out.error is not None and not out.abandoned:
             self._failed(out)
         if out.manifest is not None:

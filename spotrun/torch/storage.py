@@ -18,7 +18,7 @@ from typing import Any, Callable
 
 import torch
 
-from spotrun.checkpoints import (TORCH_KIND, TORCH_META, Manifest, check_file, check_layout,
+from spotrun.checkpoints import (INDEX, TORCH_KIND, TORCH_META, Manifest, check_file, check_layout,
                                  checkpoint_name, read_manifest, torch_shard_name,
                                  write_manifest)
 from spotrun.errors import CheckpointError, ObjectNotFound, StoreError
@@ -51,8 +51,13 @@ def _payload(store: ObjectStore, view: memoryview) -> Any:
 def write_snapshot(store: ObjectStore, snap: Snapshot, *, extra: dict[str, Any] | None = None,
                    cancel: threading.Event | None = None,
                    progress: Callable[[int], None] | None = None,
-                   shard_bytes: int = SHARD_BYTES, writers: int = WRITERS) -> Manifest:
-    """Write data shards, then meta.json, then the manifest; raises Abandoned on cancel."""
+                   shard_bytes: int = SHARD_BYTES, writers: int = WRITERS,
+                   job_files: Callable[[str], dict[str, Any]] | None = None) -> Manifest:
+    """Write data shards, then meta.json, then the manifest; raises Abandoned on cancel.
+
+    `job_files(name)` writes the job's persisted files (spotrun/jobfiles.py) into the
+    checkpoint before its manifest and returns the index's manifest entry.
+    """
     snap.wait_ready()
     name = checkpoint_name(snap.step)
     nshards = max(1, -(-snap.nbytes // shard_bytes))
@@ -84,6 +89,8 @@ def write_snapshot(store: ObjectStore, snap: Snapshot, *, extra: dict[str, Any] 
     meta = json.dumps(snap.meta(), separators=(",", ":")).encode()
     store.put_bytes(f"{name}/{META}", meta)
     files[META] = {"size": len(meta), "sha256": hashlib.sha256(meta).hexdigest()}
+    if job_files is not None:
+        files[INDEX] = job_files(name)
     if cancel is not None and cancel.is_set():
         raise Abandoned("persist abandoned", field="checkpoint", value=name)
     return write_manifest(store, snap.step, files,

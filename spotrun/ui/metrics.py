@@ -3,6 +3,8 @@
 Read from the same views as the CLI (`status_view`, `audit_view` without the hindsight
 model, which is too slow for a scrape). Spend is on the ledger (USD); checkpoint age is
 wall-clock seconds since the newest complete checkpoint of each running job was written.
+The daemon's own loops (tick durations, lag) come from the record the daemon writes
+(spotrun.daemon.health.live_loop_health).
 """
 
 from __future__ import annotations
@@ -45,8 +47,9 @@ def checkpoint_age_s(store: Any, now: datetime | None = None) -> float | None:
 
 
 def render_metrics(status: list[dict], audits: list[dict],
-                   store_for: Callable[[str], Any] | None = None) -> str:
-    """The exposition text from the status and audit JSON views."""
+                   store_for: Callable[[str], Any] | None = None, *,
+                   loops: dict[str, dict] | None = None) -> str:
+    """The exposition text from the status and audit JSON views (and the daemon's loops)."""
     out = _Out()
     out.family("spotrun_jobs", "gauge", "Jobs by state.")
     by_state = {s.value: 0 for s in JobState}
@@ -82,4 +85,23 @@ def render_metrics(status: list[dict], audits: list[dict],
                 age = checkpoint_age_s(store_for(j["checkpoint_uri"]))
                 if age is not None:
                     out.sample("spotrun_job_checkpoint_age_wall_seconds", age, job=j["id"])
+    _loop_families(out, loops or {})
     return "\n".join(out.lines) + "\n"
+
+
+def _loop_families(out: _Out, loops: dict[str, dict]) -> None:
+    """spotrun_daemon_loop_seconds (histogram) and spotrun_daemon_loop_lag_seconds by loop."""
+    name = "spotrun_daemon_loop_seconds"
+    out.family(name, "histogram", "Duration of the daemon's loop ticks since it started (s).")
+    for loop, f in sorted(loops.items()):
+        h = f["histogram"]
+        for le, n in zip([*h["le"], None], h["cumulative"]):
+            out.sample(f"{name}_bucket", n, loop=loop,
+                       le="+Inf" if le is None else repr(float(le)))
+        out.sample(f"{name}_sum", float(h["sum_s"]), loop=loop)
+        out.sample(f"{name}_count", h["count"], loop=loop)
+    out.family("spotrun_daemon_loop_lag_seconds", "gauge",
+               "How late the loop's last tick started against its slot (s).")
+    for loop, f in sorted(loops.items()):
+        if f.get("lag_s") is not None:
+            out.sample("spotrun_daemon_loop_lag_seconds", float(f["lag_s"]), loop=loop)

@@ -28,6 +28,7 @@ from urllib.parse import parse_qs, urlparse
 from spotrun.cli.common import json_default
 from spotrun.errors import BadInputError, NotFoundError, SpotrunError
 from spotrun.ui import views
+from spotrun.daemon.health import live_loop_health
 from spotrun.ui.metrics import render_metrics
 
 LOOPBACK = {"127.0.0.1", "localhost", "::1"}
@@ -48,22 +49,32 @@ class Dashboard:
         self._lock = threading.Lock()
         self._cache: dict[tuple, Any] = {}
 
-    def _audit(self, job_id: str, hindsight: bool) -> Any:
-        """One job's audit; a finished job's is kept (its figures no longer change)."""
-        from spotrun.db import Job, session
+    def _audits(self, job_ids: list[str] | None, hindsight: bool) -> list[Any]:
+        """The jobs' audits (None: every job), those not kept audited together in one read;
+        a finished job's is kept (its figures no longer change)."""
+        from spotrun.db import iter_jobs, jobs_by_ref, session
         with session(self.engine) as s:
-            job = s.get(Job, job_id)
-        if job is None:
-            raise NotFoundError("no such job", field="JOB", value=job_id)
-        key = (job_id, hindsight, job.updated_at, job.state.value)
+            jobs = list(iter_jobs(s)) if job_ids is None else jobs_by_ref(s, job_ids)
+        for job_id, job in zip(job_ids or [], jobs):
+            if job is None:
+                raise NotFoundError("no such job", field="JOB", value=job_id)
+        keys = [(j.id, hindsight, j.updated_at, j.state.value) for j in jobs]
         with self._lock:
-            if key in self._cache:
-                return self._cache[key]
-            result = views.audit_view(self.settings, [job_id], hindsight=hindsight,
-                                      reports=self.reports, engine=self.engine)[0]
-            if job.state.is_terminal():
-                self._cache[key] = result
-            return result
+            todo = [j for j, k in zip(jobs, keys) if k not in self._cache]
+            fresh = {a.id: a for a in views.audit_view(
+                self.settings, hindsight=hindsight, reports=self.reports, engine=self.engine,
+                jobs=todo)} if todo else {}
+            out = []
+            for j, key in zip(jobs, keys):
+                result = self._cache[key] if key in self._cache else fresh[j.id]
+                if j.state.is_terminal():
+                    self._cache[key] = result
+                out.append(result)
+            return out
+
+    def _audit(self, job_id: str, hindsight: bool) -> Any:
+        """One job's audit (kept once the job is finished)."""
+        return self._audits([job_id], hindsight)[0]
 
     def status(self, ref: str | None = None) -> Any:
         """= `spotrun status [JOB] --json`."""
@@ -71,8 +82,8 @@ class Dashboard:
 
     def audit(self, ref: str | None = None, hindsight: bool = True) -> list[dict]:
         """= `spotrun audit [JOB] --json`."""
-        ids = [self.status(ref)["id"]] if ref else [j["id"] for j in self.status()]
-        return [self._audit(i, hindsight).to_dict() for i in ids]
+        ids = [self.status(ref)["id"]] if ref else None
+        return [a.to_dict() for a in self._audits(ids, hindsight)]
 
     def page(self, ref: str) -> dict:
         """The job page's data."""
@@ -81,8 +92,12 @@ class Dashboard:
                               audit=self._audit(st["id"], True))
 
     def metrics(self) -> str:
-        """Prometheus text."""
-        return render_metrics(self.status(), self.audit(hindsight=False), self.reports.store)
+        """Prometheus text (of the status and audit figures it shows, nothing more is built)."""
+        audits = [{"id": a.id, "actual_usd": a.actual_usd, "saved_usd": a.saved_usd,
+                   "baseline_on_demand_usd": a.baseline_on_demand_usd}
+                  for a in self._audits(None, False)]
+        return render_metrics(views.job_summaries(self.settings, engine=self.engine), audits,
+                              self.reports.store, loops=live_loop_health(self.engine))
 
 
 Route = tuple[re.Pattern, Callable[[Dashboard, re.Match], tuple[str, Any]]]

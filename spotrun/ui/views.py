@@ -15,9 +15,9 @@ from sqlalchemy import func
 from sqlmodel import Session, select
 
 from spotrun import layout
-from spotrun.daemon.nodes import is_multi, node_view
-from spotrun.db import Attempt, AttemptNode, Event, Job, SpendEntry, attempts_of, find_job, \
-    iter_jobs, nodes_of, open_settings_db, session
+from spotrun.daemon.nodes import node_view
+from spotrun.db import Attempt, AttemptNode, Job, JobRows, SpendEntry, attempts_by_job, \
+    events_by_job, find_job, iter_jobs, open_settings_db, rows_by_job, session, where_ids
 from spotrun.daemon.savefail import save_warnings
 from spotrun.errors import NotFoundError
 from spotrun.reports import ExitReport, Heartbeat, Notice, parse_report
@@ -149,14 +149,19 @@ def job_dict(job: Job, attempts: list[Attempt], *, reports: Reports | None = Non
         "budget_headroom_usd": (budget - spend_usd) if budget is not None
         and spend_usd is not None else None,
         "deadline_at_market": job.deadline_at or _spec_deadline(job),
-        "reclaims": sum(1 for a in attempts if a.end_reason is not None
-                        and a.end_reason.value == "reclaimed"),
+        "reclaims": reclaims_of(attempts),
         "checkpoint_uri": job.checkpoint_uri,
         "clock": clock or {},
         "attempts": atts,
         "instance_ids": instance_ids,   # every instance the job ever ran on, in launch order
         "warnings": save_warnings(attempts),   # failed checkpoint saves, one line per attempt
     }
+
+
+def reclaims_of(attempts: list[Attempt]) -> int:
+    """How many of these attempts the provider reclaimed (`status`'s `reclaims`)."""
+    return sum(1 for a in attempts if a.end_reason is not None
+               and a.end_reason.value == "reclaimed")
 
 
 def _spec_deadline(job: Job) -> datetime | None:
@@ -169,9 +174,11 @@ def _spec_deadline(job: Job) -> datetime | None:
         return None
 
 
-def spend_by_job(s: Session) -> dict[str, float]:
-    """Every job's ledger total (USD)."""
-    rows = s.exec(select(SpendEntry.job_id, func.sum(SpendEntry.usd)).group_by(SpendEntry.job_id))
+def spend_by_job(s: Session, job_ids: list[str] | None = None) -> dict[str, float]:
+    """Every job's ledger total (USD), or these jobs' (one grouped query)."""
+    q = where_ids(select(SpendEntry.job_id, func.sum(SpendEntry.usd)), SpendEntry.job_id,
+                  job_ids)
+    rows = s.exec(q.group_by(SpendEntry.job_id))
     return {jid: float(total or 0.0) for jid, total in rows}
 
 
@@ -197,15 +204,18 @@ def status_view(settings: Any, ref: str | None = None, *, events: bool = False,
     no_daemon: str | None = None
     with session(engine) as s:
         jobs = [_job(s, ref)] if ref else list(iter_jobs(s))
-        spend = spend_by_job(s)
+        ids = [j.id for j in jobs] if ref else None
+        spend = spend_by_job(s, ids)
+        rows = rows_by_job(s, ids, spend=False)
+        history = events_by_job(s, ids) if events or ref else {}
         if any(j.state in WAITS_FOR_DAEMON for j in jobs):
             no_daemon = daemon_missing(settings, engine)
         data = []
         for j in jobs:
-            atts = attempts_of(s, j.id)
+            jr = rows.get(j.id) or JobRows()
+            atts = jr.attempts
             d = job_dict(j, atts, reports=reports, spend_usd=spend.get(j.id, 0.0),
-                         clock=clock, nodes={a.id: nodes_of(s, a.id) for a in atts
-                                             if is_multi(a)})
+                         clock=clock, nodes=jr.nodes)
             if no_daemon and j.state in WAITS_FOR_DAEMON \
                     and all(a.state.is_terminal() for a in atts):
                 # Whatever the job last waited for, nothing moves it until a daemon runs.
@@ -218,16 +228,28 @@ def status_view(settings: Any, ref: str | None = None, *, events: bool = False,
                 d["deadline_headroom_s_market"] = None
             if events or ref:
                 d["events"] = [{"ts_wall": e.ts, "kind": e.kind, "detail": e.detail}
-                               for e in s.exec(select(Event).where(Event.job_id == j.id)
-                                               .order_by(Event.id))]
+                               for e in history.get(j.id, [])]
             data.append(d)
     return data[0] if ref else data
 
 
+def job_summaries(settings: Any, *, engine: Any = None) -> list[dict[str, Any]]:
+    """Each job's id, state, reclaims and checkpoint_uri, as `status_view` gives them: what
+    /metrics needs of the status, read without the agents' reports (two queries)."""
+    engine = engine or open_settings_db(settings)
+    with session(engine) as s:
+        jobs = list(iter_jobs(s))
+        attempts = attempts_by_job(s)
+    return [{"id": j.id, "state": j.state.value, "reclaims": reclaims_of(attempts.get(j.id, [])),
+             "checkpoint_uri": j.checkpoint_uri} for j in jobs]
+
+
 def audit_view(settings: Any, refs: list[str] | None = None, *, since: datetime | None = None,
                until: datetime | None = None, hindsight: bool = True,
-               reports: Reports | None = None, engine: Any = None) -> list:
-    """`spotrun audit`: JobAudit per job (`.to_dict()` is the --json element)."""
+               reports: Reports | None = None, engine: Any = None,
+               jobs: list[Job] | None = None) -> list:
+    """`spotrun audit`: JobAudit per job (`.to_dict()` is the --json element); jobs: these
+    Job rows, already read, instead of refs."""
     from spotrun.audit import audit_jobs
     from spotrun.audit.regret import MODEL_FOR_JOB, use_observed_model
     from spotrun.catalog import catalog_od_price
@@ -241,7 +263,8 @@ def audit_view(settings: Any, refs: list[str] | None = None, *, since: datetime 
         with session(engine) as s:
             return audit_jobs(s, list(refs or []), since=since, until=until,
                               od_price=catalog_od_price(settings.region),
-                              final_step=reports.final_step, time_scale=time_scale(settings))
+                              final_step=reports.final_step, time_scale=time_scale(settings),
+                              jobs=jobs)
     finally:
         MODEL_FOR_JOB.pop("default", None)
         if saved is not None:

@@ -47,7 +47,7 @@ def start_agent(ec2: Any, instance_id: str, root: Path, env: dict[str, str]) -> 
 
     The agent gets its own IMDS server (the test serves notices through it) and the
     caller's env (AWS_ENDPOINT_URL, fake credentials) so its S3 traffic goes to moto.
-    Its shutdown_command (power off) becomes a command that writes what it would have
+    Its job directory goes onto that disk; its shutdown_command (power off) becomes a command that writes what it would have
     run to <disk>/poweroff, so a finished agent cannot touch this machine; every process
     carries SPOTRUN_INSTANCE_ID so a reclaim can kill all of them, as a vanished VM would.
     """
@@ -58,6 +58,8 @@ def start_agent(ec2: Any, instance_id: str, root: Path, env: dict[str, str]) -> 
     if cfg.get("shutdown_command"):
         cfg["shutdown_command"] = (f"printf '%s\\n' {shlex.quote(cfg['shutdown_command'])} > "
                                    f"{shlex.quote(str(disk / POWEROFF_FILE))}")
+    if cfg.get("job_dir"):   # /var/lib/spotrun/job on the instance's own disk
+        cfg["job_dir"] = str(disk / cfg["job_dir"].lstrip("/"))
     cfg_path = disk / "etc" / "agent.json"
     cfg_path.write_text(json.dumps(cfg, sort_keys=True))
     os.chmod(cfg_path, 0o600)

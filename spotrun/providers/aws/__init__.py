@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from spotrun.ledger.rules import BillingRules
+from spotrun.providers.aws.userdata import JOB_DIR
 from spotrun.providers.base import ProviderFacts
 
 DEFAULT_ZONES = {
@@ -61,4 +62,5 @@ FACTS = ProviderFacts(
     # Instance", and "interruption notices are emitted on a best effort basis" (EC2 User Guide,
     # "Spot Instance interruption notices"). AWS publishes no rate of missed notices: 0.9 says
     # "usually", and the job's own reclaims correct it (costmodel/notice.py).
-    notice_window_s=lambda st: 120.0, notice_prior=0.9)
+    notice_window_s=lambda st: 120.0, notice_prior=0.9,
+    job_dir=lambda st: JOB_DIR)

@@ -18,6 +18,9 @@ import yaml
 
 from spotrun.errors import ConfigError, ProviderError
 
+AGENT_DIR = "/var/lib/spotrun"      # the agent's --dir on every instance (AGENT_UNIT says it)
+JOB_DIR = f"{AGENT_DIR}/job"        # the job's directory: the same path on every instance
+
 AGENT_CONFIG_PATH = "/etc/spotrun/agent.json"
 UNIT_PATH = "/etc/systemd/system/spotrun-agent.service"
 VENV = "/opt/spotrun"

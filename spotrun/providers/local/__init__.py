@@ -66,4 +66,7 @@ FACTS = ProviderFacts(
     market_truth=_truth,
     # The market posts a notice `local.notice_s` before every reclaim, except one asked for
     # with `spotrun interrupt --no-notice` or one that comes sooner after launch than that.
-    notice_window_s=lambda st: float(st.local.notice_s), notice_prior=0.99)
+    notice_window_s=lambda st: float(st.local.notice_s), notice_prior=0.99,
+    # Every local instance shares this machine's disk: one folder per job and node, outside
+    # the instances' own folders, so an attempt finds the path the last one used.
+    job_dir=lambda st: str(st.home_path / "market" / "jobs" / "{job_id}" / "node-{node_rank}"))

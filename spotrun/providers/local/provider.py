@@ -88,6 +88,7 @@ class LocalProvider:
         self.wall = wall or SystemClock()
         self._clock: dict[str, Any] | None = None
         self._clock_file: tuple[tuple[int, int], MarketClock] | None = None
+        self._zones: tuple[MarketClient, list[str]] | None = None
 
     @classmethod
     def from_settings(cls, settings: Any, **kw: Any) -> "LocalProvider":
@@ -119,8 +120,12 @@ class LocalProvider:
 
     # ---- Provider ---------------------------------------------------------------------
     def zones(self) -> list[str]:
-        """The trace's zones."""
-        return sorted({p["zone"] for p in self._call(lambda c: c.pools())})
+        """The trace's zones (asked once of each market process: its trace is fixed)."""
+        held = self._zones
+        if held is None or held[0] is not self._client:
+            zones = sorted({p["zone"] for p in self._call(lambda c: c.pools())})
+            held = self._zones = (self.client, zones)
+        return list(held[1])
 
     def now(self) -> datetime:
         """Market time, computed from the clock the market publishes (no call per read)."""

@@ -7,6 +7,7 @@ session (it outlives its parent) and later callers find it via DIR/market.json.
 from __future__ import annotations
 
 import fcntl
+import http.client
 import json
 import os
 import signal
@@ -14,9 +15,7 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.error
 import urllib.parse
-import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -38,38 +37,84 @@ class MarketRefused(ProviderError):
         self.reasons = reasons
 
 
+# A kept connection the server closed while idle fails with one of these before any answer:
+# the request is sent once more on a new connection.
+_STALE = (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError)
+
+
 class MarketClient:
-    """JSON over HTTP to one market on 127.0.0.1."""
+    """JSON over HTTP to one market on 127.0.0.1, one kept-alive connection per thread."""
 
     def __init__(self, url: str, timeout_s: float = 10.0) -> None:
         self.url = url.rstrip("/")
         self.timeout_s = timeout_s
+        parts = urllib.parse.urlsplit(self.url)
+        self._host, self._port, self._prefix = parts.hostname or "127.0.0.1", parts.port, \
+            parts.path
+        self._local = threading.local()
 
     def request(self, method: str, path: str, body: dict[str, Any] | None = None,
                 query: dict[str, Any] | None = None) -> Any:
         """One call; raises ProviderError (unreachable, 5xx), BadInputError (400), MarketRefused."""
-        url = self.url + path
+        target = self._prefix + path
         if query:
-            url += "?" + urllib.parse.urlencode({k: v for k, v in query.items() if v is not None})
+            target += "?" + urllib.parse.urlencode(
+                {k: v for k, v in query.items() if v is not None})
         data = json.dumps(body).encode() if body is not None else None
-        req = urllib.request.Request(url, data=data, method=method,
-                                     headers={"Content-Type": "application/json"})
+        status, raw = self._exchange(method, target, data)
+        if status < 400:
+            return json.loads(raw or b"null")
+        payload = _json_or_empty(raw)
+        if status == 409:
+            raise MarketRefused(payload.get("reasons") or {})
+        if status == 400:
+            raise BadInputError(payload.get("error", "bad request"), field=payload.get("field"))
+        raise ProviderError(f"market {method} {path}: HTTP {status} "
+                            f"{payload.get('error', '')}", field="market", value=self.url)
+
+    def _exchange(self, method: str, target: str, data: bytes | None) -> tuple[int, bytes]:
+        """(status, body) over this thread's connection; a kept one found closed is replaced
+        once."""
+        kept = getattr(self._local, "conn", None) is not None
         try:
-            with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
-                return json.loads(resp.read() or b"null")
-        except urllib.error.HTTPError as exc:
-            payload = _json_or_empty(exc.read())
-            if exc.code == 409:
-                raise MarketRefused(payload.get("reasons") or {}) from None
-            if exc.code == 400:
-                raise BadInputError(payload.get("error", "bad request"),
-                                    field=payload.get("field")) from None
-            raise ProviderError(f"market {method} {path}: HTTP {exc.code} "
-                                f"{payload.get('error', '')}", field="market",
-                                value=self.url) from None
-        except (urllib.error.URLError, OSError) as exc:
-            raise ProviderError(f"market not reachable: {exc}", field="market", value=self.url,
-                                hint="`spotrun market status`") from None
+            return self._once(method, target, data)
+        except _STALE as exc:
+            if not kept:
+                raise self._unreachable(exc) from None
+        try:
+            return self._once(method, target, data)
+        except _STALE as exc:
+            raise self._unreachable(exc) from None
+
+    def _once(self, method: str, target: str, data: bytes | None) -> tuple[int, bytes]:
+        conn: http.client.HTTPConnection | None = getattr(self._local, "conn", None)
+        if conn is None:
+            conn = self._local.conn = http.client.HTTPConnection(self._host, self._port,
+                                                                 timeout=self.timeout_s)
+        try:
+            conn.request(method, target, body=data, headers={"Content-Type": "application/json"})
+            resp = conn.getresponse()
+            raw = resp.read()
+        except _STALE:
+            self.close()
+            raise
+        except (http.client.HTTPException, OSError) as exc:
+            self.close()
+            raise self._unreachable(exc) from None
+        if resp.will_close:
+            self.close()   # a server that closes after each answer (HTTP/1.0)
+        return resp.status, raw
+
+    def _unreachable(self, exc: BaseException) -> ProviderError:
+        return ProviderError(f"market not reachable: {exc}", field="market", value=self.url,
+                             hint="`spotrun market status`")
+
+    def close(self) -> None:
+        """Close this thread's connection (the next call opens a new one)."""
+        conn = getattr(self._local, "conn", None)
+        self._local.conn = None
+        if conn is not None:
+            conn.close()
 
     def faults(self, *, throttle_fraction: float = 0.0, capacity_fraction: float = 0.0,
                seed: int = 0) -> dict[str, Any]:

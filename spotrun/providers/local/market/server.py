@@ -107,7 +107,9 @@ class MarketHTTPServer(ThreadingHTTPServer):
 
 class _Handler(BaseHTTPRequestHandler):
     server: MarketHTTPServer
-    protocol_version = "HTTP/1.0"
+    # Kept-alive connections: the daemon's client sends a pass's requests on one.
+    protocol_version = "HTTP/1.1"
+    _raw = b""
 
     def log_message(self, format: str, *args: Any) -> None:
         """Quiet: agents poll IMDS several times a second."""
@@ -133,11 +135,10 @@ class _Handler(BaseHTTPRequestHandler):
         self._send(status, json.dumps(obj))
 
     def _body(self) -> dict[str, Any]:
-        length = int(self.headers.get("Content-Length") or 0)
-        if not length:
+        if not self._raw:
             return {}
         try:
-            body = json.loads(self.rfile.read(length))
+            body = json.loads(self._raw)
         except (json.JSONDecodeError, UnicodeDecodeError):
             raise BadInputError("request body is not JSON", field="body") from None
         if not isinstance(body, dict):
@@ -145,6 +146,8 @@ class _Handler(BaseHTTPRequestHandler):
         return body
 
     def _dispatch(self, method: str) -> None:
+        # Every body is read, used or not: on a kept-alive connection the next request follows.
+        self._raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
         url = urlsplit(self.path)
         parts = [p for p in url.path.split("/") if p]
         query = {k: v[-1] for k, v in parse_qs(url.query).items()}
