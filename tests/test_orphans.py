@@ -134,3 +134,17 @@ def test_running_attempt_whose_row_ended_is_swept(ctx):
     loop = OrphanLoop(ctx)
     loop.tick(T0)
     assert loop.tick(T0 + timedelta(seconds=GRACE_S)).terminated == [iid]
+
+
+def test_an_instance_that_ended_before_its_launch_was_recorded_is_not_booked_twice(ctx):
+    """Loops run side by side: the sweep can see an ended instance whose attempt is still
+    launching (the scheduler has not recorded its id). It is the attempt's to book."""
+    _job(ctx, "job-9")
+    iid = _launch(ctx, "tok-late", _tags("job-9", 1))
+    _attempt(ctx, "job-9", 1, "tok-late", AttemptState.LAUNCHING)   # id not recorded yet
+    ctx.provider.terminate(iid)
+    wait_for(lambda: _state(ctx, iid).state.is_terminal(), 20, "the instance to end")
+    loop = OrphanLoop(ctx)
+    assert loop.tick(T0).booked == []
+    with session(ctx.engine) as s:
+        assert not list(s.exec(select(SpendEntry)))

@@ -84,6 +84,12 @@ class OrphanLoop:
                     continue   # the scheduler (or node loop) adopts it by client token
                 self._sweep(info, att, now, out)
             elif att is None and orphan_key(info.instance_id) not in booked:
+                if self._pending_launch(info, atts) or (
+                        info.client_token and info.client_token in pending_tokens):
+                    # Ended before its launch was recorded: the scheduler (or reconcile, once
+                    # it ends that attempt) adopts it and books it; booking it here too would
+                    # count its seconds twice (loops run side by side).
+                    continue
                 self._book(info, now)
                 out.booked.append(info.instance_id)
         return out
