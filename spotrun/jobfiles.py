@@ -197,6 +197,19 @@ class JobFiles:
         self.prior = dict(index.get("files") or {})
         self.known_blobs = blobs_of(index)
 
+    def resume_from(self, store: ObjectStore, name: str,
+                    env: Mapping[str, str] | None = None) -> int:
+        """Restore checkpoint `name`'s files into the job dir (unless the agent did), then prime.
+
+        Primed only once restored: a failed restore falls back to another checkpoint.
+        """
+        env = os.environ if env is None else env
+        count = 0 if env.get(RESTORED_ENV) == name else restore(store, name, self.root)
+        self.prime(store, name)
+        if count:
+            log.info("restored %d persisted files of %s into %s", count, name, self.root)
+        return count
+
     def capture(self, own: Mapping[str, Path] | None = None, *, checkpoint: str = "") -> Capture:
         """The persisted files now; `own` maps the checkpoint's own files (flat name -> path)."""
         t0 = time.monotonic()
@@ -356,12 +369,13 @@ def restore(store: ObjectStore, name: str, dest: Path, *,
     total = sum(int(e["size"]) for e in files.values())
     done, last = 0, 0.0
     dest = dest.resolve()
+    manifests: dict[str, Any] = {}   # checkpoints whose own files parts reference, read once
     for rel, entry in sorted(files.items()):
         target = (dest / rel).resolve()
         if not target.is_relative_to(dest):
             raise StoreError("persisted path leaves the job directory", field="checkpoint",
                              value=f"{name}/{rel}")
-        _restore_one(store, name, rel, entry, target)
+        _restore_one(store, name, rel, entry, target, manifests)
         done += int(entry["size"])
         if progress is not None:
             progress(done, total)
@@ -393,7 +407,7 @@ def _stamp_folders(dest: Path, restored: list[Path]) -> None:
 
 
 def _restore_one(store: ObjectStore, name: str, rel: str, entry: Mapping[str, Any],
-                 target: Path) -> None:
+                 target: Path, manifests: dict[str, Any]) -> None:
     target.parent.mkdir(parents=True, exist_ok=True)
     if target.is_file():
         st = target.stat()
@@ -403,7 +417,7 @@ def _restore_one(store: ObjectStore, name: str, rel: str, entry: Mapping[str, An
     try:
         with os.fdopen(fd, "wb") as out:
             for part in entry["parts"]:
-                out.write(_part_bytes(store, name, rel, part))
+                out.write(_part_bytes(store, name, rel, part, manifests))
         os.chmod(tmp, int(entry.get("mode", 0o644)))
         os.utime(tmp, ns=(int(entry["mtime_ns"]), int(entry["mtime_ns"])))
         os.replace(tmp, target)
@@ -412,14 +426,17 @@ def _restore_one(store: ObjectStore, name: str, rel: str, entry: Mapping[str, An
         raise
 
 
-def _part_bytes(store: ObjectStore, name: str, rel: str, part: Mapping[str, Any]) -> bytes:
+def _part_bytes(store: ObjectStore, name: str, rel: str, part: Mapping[str, Any],
+                manifests: dict[str, Any]) -> bytes:
     if "blob" in part:
         data = store.get_bytes(blob_key(part["blob"]))
         ok = len(data) == part["size"] and _sha(data) == part["blob"]
     else:
         from spotrun.checkpoints import read_manifest
         data = store.get_bytes(f"{part['ckpt']}/{part['file']}")
-        want = read_manifest(store, part["ckpt"]).files.get(part["file"], {})
+        if part["ckpt"] not in manifests:
+            manifests[part["ckpt"]] = read_manifest(store, part["ckpt"])
+        want = manifests[part["ckpt"]].files.get(part["file"], {})
         ok = len(data) == part["size"] and _sha(data) == want.get("sha256")
     if not ok:
         raise ChecksumMismatch("persisted file's part differs from its index", field="checkpoint",
@@ -428,12 +445,13 @@ def _part_bytes(store: ObjectStore, name: str, rel: str, part: Mapping[str, Any]
 
 
 def file_bytes(store: ObjectStore, name: str, rel: str) -> bytes:
-    """One persisted file of a checkpoint, whole (e.g. for an export)."""
+    """One persisted file of a checkpoint, whole (e.g. to compare it with a local copy)."""
     index = read_index(store, name)
     entry = (index or {}).get("files", {}).get(rel)
     if entry is None:
         raise ObjectNotFound("no such persisted file", field="checkpoint", value=f"{name}/{rel}")
-    return b"".join(_part_bytes(store, name, rel, p) for p in entry["parts"])
+    manifests: dict[str, Any] = {}
+    return b"".join(_part_bytes(store, name, rel, p, manifests) for p in entry["parts"])
 
 
 _DEFAULT: JobFiles | None = None
@@ -453,9 +471,3 @@ def persist(*paths: str | os.PathLike[str]) -> None:
     """Save these paths or globs (relative to the job directory) with every checkpoint."""
     default().add(*paths)
 
-
-def reset_default() -> None:
-    """Forget the process's JobFiles (tests that change SPOTRUN_JOB_DIR in one process)."""
-    global _DEFAULT
-    with _DEFAULT_LOCK:
-        _DEFAULT = None

@@ -108,7 +108,6 @@ def test_files_that_are_the_checkpoints_own_are_referenced_not_sent_twice(rig, t
     (ck / "model.safetensors").write_bytes(os.urandom(50_000))
     upload_own = {"model.safetensors": ck / "model.safetensors"}
     os.environ.pop(jobfiles.PERSIST_ENV, None)
-    jobfiles.reset_default()
     old = jobfiles._DEFAULT
     jobfiles._DEFAULT = jf
     try:

@@ -150,15 +150,7 @@ def restore_job_files(store: ObjectStore, name: str) -> int:
 
     Also primes this process's capture with them, so the next save does not send them again.
     """
-    job_files = jobfiles.default()
-    if os.environ.get(jobfiles.RESTORED_ENV) == name:
-        job_files.prime(store, name)
-        return 0
-    count = jobfiles.restore(store, name, job_files.root)
-    job_files.prime(store, name)   # only once restored: a failed one falls back elsewhere
-    if count:
-        log.info("spotrun: restored %d persisted files of %s into %s", count, name, job_files.root)
-    return count
+    return jobfiles.default().resume_from(store, name)
 
 
 def folder_files(folder: Path) -> dict[str, Path]:

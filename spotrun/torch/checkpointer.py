@@ -352,14 +352,8 @@ class Checkpointer(StateMixin):
 
     def _restore_files(self, name: str) -> None:
         """The checkpoint's persisted files into the job directory, unless the agent put them there."""
-        if self.persister.files is None:
-            return
-        self.persister.files.prime(self.store, name)
-        if self._env.get(jobfiles.RESTORED_ENV) == name:
-            return
-        count = jobfiles.restore(self.store, name, self.persister.files.root)
-        if count:
-            log.info("restored %d persisted files of %s", count, name)
+        if self.persister.files is not None:
+            self.persister.files.resume_from(self.store, name, self._env)
 
     # -- training loop ----------------------------------------------------------
 
