@@ -17,8 +17,14 @@ are the steady state, not the launches), and prints:
 
 Every process it started is ended at the end (daemon, market, the instances' agents).
 
+With `--standins` the running instances are light stand-ins, not agents: the bench starts the
+market itself with each instance's process a `sleep`, and one thread of the bench writes each
+running attempt's real heartbeat report (spotrun.reports.Heartbeat, the key the agent writes)
+at the agent's heartbeat interval, its step moving on. 200 real agents need about 3 cores of
+a 2-core box; the daemon's side of the work (read the reports, book, schedule) is the same.
+
     .venv/bin/python bench/scale.py                                  # N = 10 and 1000, M = 50
-    .venv/bin/python bench/scale.py --queued 10 1000 --running 200 --seconds 60
+    .venv/bin/python bench/scale.py --queued 10 1000 --running 200 --standins --seconds 60
 """
 
 from __future__ import annotations
@@ -192,7 +198,8 @@ def stop_all(home: Path, daemon: subprocess.Popen | None) -> None:
         state.close()
 
 
-def run_one(root: Path, n: int, m: int, seconds: float, launch_timeout_s: float) -> dict:
+def run_one(root: Path, n: int, m: int, seconds: float, launch_timeout_s: float,
+            standins: bool = False) -> dict:
     """Fill a home with n queued and m running jobs, run the daemon, measure; the figures."""
     home = root / f"home-{n}-{m}"
     home.mkdir(parents=True)
@@ -203,6 +210,10 @@ def run_one(root: Path, n: int, m: int, seconds: float, launch_timeout_s: float)
     fill(settings, RUNNING_SPEC, "sleeps.yaml", m)
     print(f"[{n}/{m}] filled in {time.perf_counter() - t:.1f} s", file=sys.stderr, flush=True)
     log = open(home / "daemon.log", "wb")
+    writer = None
+    if standins:
+        start_standin_market(settings)
+        writer = StandIns(settings).start()
     daemon = subprocess.Popen([sys.executable, "-m", "spotrun", "daemon"],
                               env={**os.environ, "SPOTRUN_HOME": str(home)},
                               stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
@@ -218,11 +229,64 @@ def run_one(root: Path, n: int, m: int, seconds: float, launch_timeout_s: float)
         load = os.getloadavg()[0]   # the box's load over the window's last minute
         reads = time_reads(settings)
     finally:
+        if writer is not None:
+            writer.close()
         stop_all(home, daemon)
         log.close()
-    return {"queued": n, "running": m, "to_running_s": to_running, "check": check,
+    return {"queued": n, "running": m, "standins": standins, "to_running_s": to_running, "check": check,
             "before": before, "after": after, "reads": reads, "seconds": seconds,
             "load_1min": load, "load_start": load_start}
+
+
+class StandIns:
+    """Writes every running attempt's heartbeat at the agent's interval, as agents would."""
+
+    def __init__(self, settings: Any) -> None:
+        self.settings = settings
+        self.stop = threading.Event()
+        self.written = 0
+        self.thread = threading.Thread(target=self._run, name="standins", daemon=True)
+
+    def start(self) -> "StandIns":
+        """Start the writer thread."""
+        self.thread.start()
+        return self
+
+    def close(self) -> None:
+        """Stop writing."""
+        self.stop.set()
+        self.thread.join(timeout=30)
+
+    def _run(self) -> None:
+        from spotrun import layout
+        from spotrun.agent.clock import iso
+        from spotrun.reports import Heartbeat, dump
+        from spotrun.store import open_store
+        engine = open_settings_db(self.settings)
+        interval_s = float(self.settings.agent.heartbeat_interval_s)
+        t0 = time.time()
+        stores: dict[str, Any] = {}
+        while not self.stop.wait(interval_s):
+            with engine.connect() as c:
+                rows = c.execute(text(
+                    "SELECT a.job_id, a.number, j.store_uri FROM attempt a JOIN job j ON "
+                    "j.id = a.job_id WHERE a.state = 'RUNNING'")).all()
+            step = int((time.time() - t0) * 10)
+            for job_id, number, uri in rows:
+                store = stores.get(uri) or stores.setdefault(uri, open_store(uri))
+                store.put_bytes(layout.heartbeat_key(job_id, number), json.dumps(dump(Heartbeat(
+                    ts=iso(time.time()), attempt=number, phase="running", step=step,
+                    total_steps=10 ** 9, steps_per_s=10.0))).encode())
+                self.written += 1
+        engine.dispose()
+
+
+def start_standin_market(settings: Any) -> None:
+    """The local market, started before the daemon, whose instances are `sleep` processes."""
+    from spotrun.providers.local.market.client import ensure_market
+    from spotrun.providers.local.market.options import MarketOptions
+    ensure_market(settings.home_path / "market",
+                  replace(MarketOptions.from_settings(settings), instance_command="sleep 36000"))
 
 
 def _ms(v: float | None) -> str:
@@ -234,8 +298,9 @@ def report(results: list[dict]) -> None:
     results = sorted(results, key=lambda r: r["queued"])
     for r in results:
         loops = r["check"].get("loops") or {}
-        print(f"\n#### {r['queued']} queued, {r['running']} running "
-              f"(running after {r['to_running_s']:.0f} s; load average "
+        kind = "stand-in" if r.get("standins") else "real-agent"
+        print(f"\n#### {r['queued']} queued, {r['running']} running ({kind} instances; "
+              f"running after {r['to_running_s']:.0f} s; load average "
               f"{r['load_start']:.1f} at the window's start, {r['load_1min']:.1f} at its end; "
               f"check ok: {r['check'].get('ok')})\n")
         print("| loop | every s | ticks | p50 ms | p99 ms | max ms | lag ms | max lag ms |")
@@ -282,13 +347,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--running", type=int, default=50, help="running jobs (one real agent each)")
     p.add_argument("--seconds", type=float, default=60.0,
                    help="how long the daemon runs once the running jobs are up")
+    p.add_argument("--standins", action="store_true",
+                   help="running instances are light stand-ins writing the agent's heartbeat")
     p.add_argument("--launch-timeout", type=float, default=600.0,
                    help="seconds allowed for the running jobs to start")
     p.add_argument("--dir", default=None, help="where the homes go (default: a temp dir)")
     p.add_argument("--json-out", default=None, help="also write the raw figures here")
     args = p.parse_args(argv)
     root = Path(args.dir or tempfile.mkdtemp(prefix="spotrun-scale-"))
-    results = [run_one(root, n, args.running, args.seconds, args.launch_timeout)
+    results = [run_one(root, n, args.running, args.seconds, args.launch_timeout, args.standins)
                for n in args.queued]
     report(results)
     if args.json_out:

@@ -169,7 +169,7 @@ class Event(SQLModel, table=True):
 
 
 class SpendEntry(SQLModel, table=True):
-    """An append-only ledger row: a billed interval at the price in effect."""
+    """A ledger row: a billed span at one price (the open one grows until the price changes)."""
 
     id: int | None = Field(default=None, primary_key=True)
     job_id: str = Field(index=True)

@@ -48,13 +48,14 @@ def test_price_change_mid_hour(tmp_path):
     rows = rows_of(eng)
     assert total_usd(eng) == pytest.approx(1.05)
     assert sum(r.billed_seconds for r in rows) == pytest.approx(3600)
-    assert [round(r.price_usd_per_hour, 2) for r in rows] == [0.90, 0.90, 1.20, 1.20]
-    assert [r.billed_seconds for r in rows] == pytest.approx([1200, 600, 900, 900])
+    # One row per price span: the bookings at minutes 20, 45 and 61 lengthened them.
+    assert [round(r.price_usd_per_hour, 2) for r in rows] == [0.90, 1.20]
+    assert [r.billed_seconds for r in rows] == pytest.approx([1800, 1800])
     assert {r.price_source for r in rows} == {PriceSource.SPOT_HISTORY.value}
     # The split is exactly at the change point.
-    assert rows[1].end == at(30) and rows[2].start == at(30)
+    assert rows[0].end == at(30) and rows[1].start == at(30)
     _tick(loop, feed, 90)              # closed: nothing more, ever
-    assert len(rows_of(eng)) == 4
+    assert len(rows_of(eng)) == 2
 
 
 @pytest.mark.parametrize("reason,expected_usd", [
@@ -76,13 +77,13 @@ def test_minute_59_reclaimed_free_terminated_charged(tmp_path, reason, expected_
     assert total_usd(eng) == pytest.approx(expected_usd, abs=1e-12)
     kinds = [r.kind for r in rows]
     if reason is EndReason.RECLAIMED:
-        # Provisional rows stay (append-only); one correction reverses them all.
-        assert kinds == ["compute", "compute", "correction"]
+        # The provisional row stays; one correction reverses it.
+        assert kinds == ["compute", "correction"]
         assert rows[-1].usd == pytest.approx(-0.885)
         assert rows[-1].billed_seconds == pytest.approx(-3540)
         assert "no charge" in rows[-1].note
     else:
-        assert kinds == ["compute", "compute"]
+        assert kinds == ["compute"]   # one price, one row, lengthened at the end
         assert sum(r.billed_seconds for r in rows) == pytest.approx(3540)
 
 

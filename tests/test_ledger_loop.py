@@ -190,18 +190,24 @@ def test_storage_closes_when_the_job_ends(tmp_path):
         assert s.get(LedgerMark, "storage:job-1").closed
 
 
-def test_rows_are_append_only_across_a_whole_run(tmp_path):
-    # Re-running every tick of a run leaves the exact same ledger (ids and values).
+def test_rerunning_ticks_changes_nothing_and_only_the_open_row_grows(tmp_path):
+    # Re-running every tick of a run leaves the exact same ledger (ids and values). At one
+    # price the attempt has one row, lengthened by each booking in the watermark's
+    # transaction; its end lengthens it once more and a correction reverses it (free reclaim).
     eng, feed = _setup(tmp_path)
     a = make_attempt(eng, "job-1", 1, start=at(0))
     loop = SpendLoop(eng, feed, storage_interval_s=1e9)
     for m in (5, 15, 25):
         _tick(loop, feed, m)
-    before = [(r.id, r.usd) for r in rows_of(eng)]
+    before = [(r.id, r.start, r.end, r.usd) for r in rows_of(eng)]
+    assert len(before) == 1 and before[0][1:3] == (at(0), at(25))
     for m in (5, 15, 25):
         feed.clock = at(m)
         loop.tick(datetime.now().astimezone())
-    assert [(r.id, r.usd) for r in rows_of(eng)] == before
+    assert [(r.id, r.start, r.end, r.usd) for r in rows_of(eng)] == before
     end_attempt(eng, a.id, at(26), EndReason.RECLAIMED)
     _tick(loop, feed, 27)
-    assert [(r.id, r.usd) for r in rows_of(eng)][:3] == before   # earlier rows untouched
+    rows = rows_of(eng)
+    assert [r.kind for r in rows] == ["compute", "correction"]
+    assert (rows[0].id, rows[0].start, rows[0].end) == (before[0][0], at(0), at(26))
+    assert rows[1].usd == pytest.approx(-rows[0].usd)   # earlier rows untouched

@@ -343,3 +343,41 @@ def test_the_market_client_keeps_one_connection_and_reopens_a_dropped_one():
         client.close()
         server.shutdown()
         server.server_close()
+
+
+class _SteppingClock(_Clock):
+    """Each look at the monotonic clock finds it a second on: a pass's time budget runs out
+    after a fixed number of jobs, whatever the load on the box."""
+
+    def __init__(self, wall: ManualClock) -> None:
+        super().__init__(wall)
+        self.t = 0.0
+
+    def monotonic(self) -> float:
+        """One second later than the last look."""
+        self.t += 1.0
+        return self.t
+
+
+def test_a_bounded_pass_stops_at_its_budget_and_the_next_resumes_after_it(
+        tmp_path, instance_command, monkeypatch):
+    # The service's scheduler cuts a pass at its budget: a thousand queued jobs make many
+    # short passes, not one long one, and every job is still decided once, in turn.
+    n = 10
+    with rig(tmp_path / "bounded", n, instance_command, monkeypatch) as r:
+        r.ctx.clock = _SteppingClock(r.wall)
+        loop = SchedulerLoop(r.ctx, pass_budget_s=2.5)   # 3 jobs a pass on this clock
+        decided = []
+        for _ in range(8):
+            with counting() as seen:
+                r.tick(loop)
+            decided.append(seen["decide"])
+        with session(r.ctx.engine) as s:
+            events = Counter(e.job_id for e in s.exec(select(Event).where(
+                Event.kind == "waiting")))
+            jobs = [s.get(Job, j) for j in r.queued]
+    assert max(decided) <= 3 and sum(decided) == n, decided
+    assert decided.index(0) >= n // 3, decided   # it took several passes, then none
+    assert all(d == 0 for d in decided[decided.index(0):]), decided
+    assert all(events[j] == 1 for j in r.queued), events
+    assert all(j.state is JobState.QUEUED and j.reason for j in jobs)

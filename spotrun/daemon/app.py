@@ -50,11 +50,17 @@ def build_context(settings: Settings, *, provider: Provider | None = None,
                          clock=clock or SystemClock())
 
 
-def build_loops(ctx: DaemonContext) -> list[Scheduled]:
-    """Every loop of the daemon with its interval."""
+# A scheduling pass stops at this share of its interval; the next resumes where it stopped.
+PASS_BUDGET_SHARE = 0.8
+
+
+def build_loops(ctx: DaemonContext, *, bounded: bool = False) -> list[Scheduled]:
+    """Every loop of the daemon with its interval (`bounded`, the service's: scheduling passes
+    are cut at their time budget and resumed; `daemon --once` and tests do everything)."""
     d = ctx.settings.daemon
+    budget_s = PASS_BUDGET_SHARE * d.schedule_interval_s if bounded else None
     loops = [Scheduled(LivenessLoop(ctx), d.liveness_interval_s),
-             Scheduled(SchedulerLoop(ctx), d.schedule_interval_s),
+             Scheduled(SchedulerLoop(ctx, pass_budget_s=budget_s), d.schedule_interval_s),
              Scheduled(ReconcileLoop(ctx), d.reconcile_interval_s),
              Scheduled(HeartbeatLoop(ctx), d.heartbeat_interval_s),
              # Multi-node attempts; a refused replacement is tried again every schedule tick.
@@ -73,9 +79,10 @@ def build_loops(ctx: DaemonContext) -> list[Scheduled]:
     return loops
 
 
-def build_runner(ctx: DaemonContext, lease: Lease | None = None) -> Runner:
+def build_runner(ctx: DaemonContext, lease: Lease | None = None, *,
+                 bounded: bool = False) -> Runner:
     """A runner over every loop (each ticking only while lease is held, when one is given)."""
-    loops = build_loops(ctx)
+    loops = build_loops(ctx, bounded=bounded)
     if lease is not None:
         loops = [Scheduled(LeaseGuard(item.loop, lease), item.interval_s) for item in loops]
     return Runner(loops, clock=ctx.clock)

@@ -32,6 +32,7 @@ from sqlalchemy.engine import Engine
 from spotrun.errors import DatabaseError
 
 _HELD = "spotrun_turn"   # set on a pooled connection's record while it holds the turn
+_WAITED = threading.local()   # per thread: seconds spent queued for the turn, in total
 _LOCKS: "weakref.WeakKeyDictionary[Engine, TurnLock]" = weakref.WeakKeyDictionary()
 
 
@@ -61,13 +62,17 @@ class TurnLock:
             entry = (me, name, ready)
             self._waiters.append(entry)
             self.waits += 1
-        if ready.wait(timeout_s):
-            return True
-        with self._mutex:
-            if self._owner == me:          # handed over as the wait ran out
+        queued = time.monotonic()
+        try:
+            if ready.wait(timeout_s):
                 return True
-            self._waiters.remove(entry)
-            return False
+            with self._mutex:
+                if self._owner == me:          # handed over as the wait ran out
+                    return True
+                self._waiters.remove(entry)
+                return False
+        finally:
+            _WAITED.s = waited_s() + time.monotonic() - queued
 
     def release(self) -> None:
         """Give the turn back; the longest waiter gets it next."""
@@ -94,6 +99,11 @@ class TurnLock:
             if self._owner is None:
                 return None
             return self._owner_name, time.monotonic() - self._since
+
+
+def waited_s() -> float:
+    """Seconds the calling thread has spent queued for a turn, in total (slow-tick logs)."""
+    return getattr(_WAITED, "s", 0.0)
 
 
 def take_turns(engine: Engine, timeout_s: float) -> TurnLock:

@@ -28,49 +28,64 @@ class HeartbeatLoop:
         self._saved: dict[int, int] = {}
 
     def tick(self, now: datetime) -> None:
-        """One pass over running attempts."""
+        """One pass over running attempts: one read, the store's reports, one write."""
         with session(self.ctx.engine) as s:
             # Multi-node attempts report per node: the node loop reads those (nodeloop.py).
             rows = list(s.exec(select(Attempt, Job).where(
                 Attempt.state == AttemptState.RUNNING, Attempt.job_id == Job.id,
                 Attempt.nodes <= 1, Attempt.nodes_min.is_(None))))
+        live = {att.id for att, _ in rows}
+        for gone in set(self._seen_ts) - live:
+            self._seen_ts.pop(gone, None)
+            self._saved.pop(gone, None)
+        # The store is read outside the database turn: the other loops go on meanwhile.
+        news = []
         for att, job in rows:
             store = self.ctx.store_for(job.store_uri)
             beat = read_report(store, layout.heartbeat_key(job.id, att.number), Heartbeat)
             notice = None if att.notice_at else read_report(
                 store, layout.notice_key(job.id, att.number), Notice)
             fresh = beat is not None and beat.ts != self._seen_ts.get(att.id)
-            if fresh:
-                self._seen_ts[att.id] = beat.ts
-            with session(self.ctx.engine) as s:
+            if fresh or notice is not None:
+                news.append((att, job, beat if fresh else None, notice))
+        last_beat = {att.id: att.last_heartbeat_at or att.created_at for att, _ in rows}
+        if news:
+            self._write(news, now, last_beat)
+        timeout = timedelta(seconds=self.ctx.settings.daemon.heartbeat_timeout_s)
+        for att, _ in rows:
+            if now - last_beat[att.id] > timeout:
+                terminate_attempt(self.ctx, att, EndReason.LOST,
+                                  f"no heartbeat for {timeout.total_seconds():.0f} s")
+
+    def _write(self, news: list, now: datetime, last_beat: dict[int, datetime]) -> None:
+        """Every fresh heartbeat and new notice of this pass, in one transaction."""
+        with session(self.ctx.engine) as s:
+            for att, job, beat, notice in news:
                 a = s.get(Attempt, att.id)
                 j = s.get(Job, job.id)
-                if fresh:
+                if a is None or j is None:
+                    continue
+                if beat is not None:
                     a.last_heartbeat_at = now
+                    last_beat[att.id] = now
                     self._saved[att.id] = apply_beat(self.ctx, a, j, beat,
                                                      self._saved.get(att.id, att.start_step))
                     s.add(j)
                     if record_save_failures(s, a, beat):
                         self.ctx.log.warning("checkpoint_save_failed", job=job.id,
                                              attempt=a.number, error=a.checkpoint_error)
-                if notice is not None:
+                if notice is not None and a.notice_at is None:
                     a.notice_at = self.ctx.provider.now()
                     add_event(s, a.job_id, "notice",
                               f"attempt {a.number}: interruption notice "
                               f"{notice.action or ''} at {notice.time or ''}",
                               attempt_id=a.id)
                 s.add(a)
-                s.commit()
-            self._check_stuck(att, now)
-
-    def _check_stuck(self, att: Attempt, now: datetime) -> None:
-        timeout = timedelta(seconds=self.ctx.settings.daemon.heartbeat_timeout_s)
-        with session(self.ctx.engine) as s:
-            a = s.get(Attempt, att.id)
-        last = a.last_heartbeat_at or a.created_at
-        if now - last > timeout:
-            terminate_attempt(self.ctx, a, EndReason.LOST,
-                              f"no heartbeat for {timeout.total_seconds():.0f} s")
+            s.commit()
+        # Marked seen only once written: a failed commit reads the same beat again next pass.
+        for att, _, beat, _ in news:
+            if beat is not None:
+                self._seen_ts[att.id] = beat.ts
 
 
 def apply_beat(ctx: DaemonContext, a: Attempt, j: Job, beat: Heartbeat, saved_before: int) -> int:

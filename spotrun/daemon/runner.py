@@ -22,6 +22,7 @@ from typing import Any, Protocol
 import structlog
 
 from spotrun.daemon.context import Clock, SystemClock
+from spotrun.daemon.dbturns import waited_s
 from spotrun.daemon.health import LoopHealth
 
 # A waiting loop looks at its clock at least this often (a test's ManualClock moves by hand).
@@ -67,6 +68,7 @@ class Runner:
             return
         loop = item.loop
         started = self.health.begin(loop.name)
+        waited = waited_s()
         failed = False
         try:
             loop.tick(self.clock.now())
@@ -76,7 +78,12 @@ class Runner:
                 self.errors += 1
             self.log.exception("loop_failed", loop=loop.name, error=str(exc))
         finally:
-            self.health.end(loop.name, started, failed=failed)
+            took = self.health.end(loop.name, started, failed=failed)
+            if took > item.interval_s:
+                # What an operator needs to tell a slow pass from one kept waiting.
+                self.log.warning("loop_slow", loop=loop.name, took_s=round(took, 3),
+                                 interval_s=item.interval_s,
+                                 db_wait_s=round(waited_s() - waited, 3))
 
     def anchor(self) -> None:
         """Start every loop's slot grid now (lag is measured against it)."""

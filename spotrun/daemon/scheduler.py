@@ -57,8 +57,13 @@ class SchedulerLoop:
 
     name = "schedule"
 
-    def __init__(self, ctx: DaemonContext) -> None:
+    def __init__(self, ctx: DaemonContext, *, pass_budget_s: float | None = None) -> None:
         self.ctx = ctx
+        # A pass stops once it has run this long (ctx.clock) and the next one resumes after
+        # the last job it handled, so a thousand launches never make one long pass. None: a
+        # pass handles every job (`daemon --once`).
+        self.pass_budget_s = pass_budget_s
+        self._cursor: tuple[datetime, str] | None = None
         self._no_capacity_until: dict[str, datetime] = {}
         self.placer = PolicyPlacer(ctx)
         self.decisions = Decisions()
@@ -70,8 +75,10 @@ class SchedulerLoop:
         """One scheduling pass: every job and its attempts in two reads, the market read
         once, and a decision only for a job whose inputs changed (daemon/decision.py)."""
         self._finish_pending_launches()
+        started = self.ctx.clock.monotonic() if self.pass_budget_s is not None else 0.0
         with session(self.ctx.engine) as s:
-            jobs = list(s.exec(select(Job).where(Job.state.in_(PLACED))))
+            jobs = list(s.exec(select(Job).where(Job.state.in_(PLACED))
+                               .order_by(Job.created_at, Job.id)))
             rows = list(s.exec(select(Attempt).join(Job, Job.id == Attempt.job_id)
                                .where(Job.state.in_(PLACED))
                                .order_by(Attempt.job_id, Attempt.number)))
@@ -87,7 +94,10 @@ class SchedulerLoop:
                             risks=self.risks)
         waits: list[Wait] = []
         try:
-            for job in jobs:
+            for k, job in enumerate(self._resume_order(jobs)):
+                if k and self._out_of_time(started):
+                    break
+                self._cursor = (job.created_at, job.id)
                 job = self._fix_deadline(job)
                 if job.cancel_requested or job.budget_stop_requested:
                     continue
@@ -103,8 +113,23 @@ class SchedulerLoop:
                 if self._no_capacity_until.get(job.id, now) > now:
                     continue
                 self._launch_for(job, now, inputs, mine, waits)
+            else:
+                self._cursor = None   # every job had its turn: the next pass starts at the top
         finally:
             self._record_waits(waits)
+
+    def _resume_order(self, jobs: list[Job]) -> list[Job]:
+        """Jobs (oldest first) from the one after the cursor round to the one at it."""
+        if self._cursor is None:
+            return jobs
+        at = next((i for i, j in enumerate(jobs) if (j.created_at, j.id) > self._cursor),
+                  len(jobs))
+        return jobs[at:] + jobs[:at]
+
+    def _out_of_time(self, started: float) -> bool:
+        """Whether this pass has used its budget."""
+        return (self.pass_budget_s is not None
+                and self.ctx.clock.monotonic() - started >= self.pass_budget_s)
 
     def _specs_of(self, job: Job) -> tuple[JobSpec, JobSpec]:
         """(the spec as stored, with its deadline on the provider's clock), parsed once per

@@ -87,7 +87,7 @@ def _serve(settings: Settings, ctx: DaemonContext, own: Any, flags: _Flags, log:
         return 0
     keeper = LeaseKeeper(lease, interval_s=d.lease_renew_interval_s, on_lost=flags.stop.set,
                          log=log).start()
-    runner = build_runner(ctx, lease=lease)
+    runner = build_runner(ctx, lease=lease, bounded=True)
     runner.start()
     # Its own thread and engine, so no loop's long pass holds the figures back.
     publisher = HealthPublisher(own, lambda: runner.health, lease.owner, log).start()
@@ -122,7 +122,7 @@ def _reload(ctx: DaemonContext, runner: Any, lease: Lease, keeper: LeaseKeeper,
     # Loops keep nothing that matters across a restart, so new intervals apply by restarting.
     runner.stop(wait=True)
     health = runner.health
-    runner = build_runner(ctx, lease=lease)
+    runner = build_runner(ctx, lease=lease, bounded=True)
     runner.health = health   # the histogram counts on across a reload; the slots start anew
     runner.start()
     log.info("reloaded", applied=applied, ignored_need_restart=ignored,

@@ -13,7 +13,7 @@ from datetime import datetime
 from typing import Any
 
 import structlog
-from sqlalchemy import String, cast, literal, or_
+from sqlalchemy import String, cast, func, literal, or_
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import IntegrityError, OperationalError
 from sqlmodel import select
@@ -75,17 +75,26 @@ class SpendLoop:
 
     # ------------------------------------------------------------ attempts
 
-    def _open_attempts(self) -> list[Attempt]:
+    def _open_attempts(self) -> list[tuple[Attempt, LedgerMark | None]]:
         key = literal("attempt:") + cast(Attempt.id, String)
-        q = (select(Attempt).outerjoin(LedgerMark, LedgerMark.key == key)
+        q = (select(Attempt, LedgerMark).outerjoin(LedgerMark, LedgerMark.key == key)
              .where(or_(LedgerMark.closed.is_(None), LedgerMark.closed == False))  # noqa: E712
              .order_by(Attempt.id))
         with session(self.engine) as s:
             rows = list(s.exec(q))
         # A launch still in flight has nothing billable yet; a multi-node attempt is booked
         # instance by instance (_book_nodes).
-        return [a for a in rows if not is_multi(a)
+        return [(a, m) for a, m in rows if not is_multi(a)
                 and (a.instance_id or a.started_at or a.state is AttemptState.ENDED)]
+
+    def _due(self, att: Attempt, mark: LedgerMark | None, times: Any, pnow: datetime) -> bool:
+        """Whether booking att now would write anything (else the pass skips it unopened)."""
+        if times.end is not None or att.state is AttemptState.ENDED:
+            return True
+        if times.start is None:
+            return False
+        since = mark.booked_until if mark is not None else times.start
+        return seconds_between(since, pnow) >= self.min_book_s
 
     def _describe(self, attempts: list[Attempt]) -> dict[str, InstanceInfo]:
         ids = sorted({a.instance_id for a in attempts if a.instance_id})
@@ -102,12 +111,15 @@ class SpendLoop:
     def _book_attempts(self, pnow: datetime, wall: datetime, out: SpendTick) -> None:
         attempts = self._open_attempts()
         nodes = self._open_nodes()
-        infos = self._describe(attempts + [a for a, _ in nodes])
+        infos = self._describe([a for a, _ in attempts] + [a for a, _, _ in nodes])
         if infos:
             # Read the clock again: an instance may have ended while describe ran, and an
             # end the provider reports must never lie past the time we book up to.
             pnow = max(pnow, self.provider.now())
-        for att in attempts:
+        for att, mark in attempts:
+            times = instance_times(att, infos.get(att.instance_id or ""))
+            if not self._due(att, mark, times, pnow):
+                continue   # a pass costs what is due, not what runs
             with session(self.engine) as s:
                 a = s.get(Attempt, att.id)
                 times = instance_times(a, infos.get(a.instance_id or ""))
@@ -132,21 +144,23 @@ class SpendLoop:
                     m = s.get(LedgerMark, f"attempt:{att.id}")
                 if m is not None and m.closed:
                     out.attempts_closed.append(att.id)
-        for view, key in nodes:
-            out.rows_booked += self._book_one(view, infos, pnow, wall, out, mark_key=key)
+        for view, key, mark in nodes:
+            times = instance_times(view, infos.get(view.instance_id or ""))
+            if self._due(view, mark, times, pnow):
+                out.rows_booked += self._book_one(view, infos, pnow, wall, out, mark_key=key)
 
-    def _open_nodes(self) -> list[tuple[Attempt, str]]:
+    def _open_nodes(self) -> list[tuple[Attempt, str, LedgerMark | None]]:
         """Launched nodes of multi-node attempts whose ledger mark is still open, each as a
-        view of its attempt (instance, pool, times) with its own mark key."""
-        q = (select(AttemptNode, Attempt).where(AttemptNode.attempt_id == Attempt.id,
-                                                AttemptNode.instance_id.is_not(None))
+        view of its attempt (instance, pool, times) with its own mark key and mark."""
+        key = literal("node:") + cast(AttemptNode.id, String)
+        q = (select(AttemptNode, Attempt, LedgerMark)
+             .outerjoin(LedgerMark, LedgerMark.key == key)
+             .where(AttemptNode.attempt_id == Attempt.id, AttemptNode.instance_id.is_not(None),
+                    or_(LedgerMark.closed.is_(None), LedgerMark.closed == False))  # noqa: E712
              .order_by(AttemptNode.id))
         with session(self.engine) as s:
             rows = list(s.exec(q))
-            closed = {m.key for m in s.exec(select(LedgerMark).where(
-                LedgerMark.key.startswith("node:"), LedgerMark.closed == True))}  # noqa: E712
-        return [(node_attempt_view(n, a), node_key(n.id)) for n, a in rows
-                if node_key(n.id) not in closed]
+        return [(node_attempt_view(n, a), node_key(n.id), m) for n, a, m in rows]
 
     def _book_one(self, att: Attempt, infos: dict[str, InstanceInfo], pnow: datetime,
                   wall: datetime, out: SpendTick, *, mark_key: str) -> int:
@@ -172,9 +186,12 @@ class SpendLoop:
         key = literal("storage:") + Job.id
         still = or_(Job.state.not_in(_TERMINAL_JOBS), LedgerMark.closed.is_(None),
                     LedgerMark.closed == False)  # noqa: E712
+        has_started = select(Attempt.id).where(Attempt.job_id == Job.id,
+                                               Attempt.started_at.is_not(None)).exists()
         with session(self.engine) as s:
             rows = list(s.exec(select(Job, LedgerMark)
-                               .outerjoin(LedgerMark, LedgerMark.key == key).where(still)))
+                               .outerjoin(LedgerMark, LedgerMark.key == key)
+                               .where(still, has_started)))
             started = list(s.exec(select(Attempt).join(Job, Job.id == Attempt.job_id)
                                   .outerjoin(LedgerMark, LedgerMark.key == key)
                                   .where(still, Attempt.started_at.is_not(None))
@@ -219,43 +236,58 @@ class SpendLoop:
         live = (Job.state.not_in(_TERMINAL_JOBS),
                 Job.budget_stop_requested == False)  # noqa: E712
         with session(self.engine) as s:
-            jobs = list(s.exec(select(Job).where(*live)))
             # Only a job with an instance running can pass its budget before the next launch.
-            running = list(s.exec(select(Attempt).join(Job, Job.id == Attempt.job_id).where(
+            running = list(s.exec(select(Attempt, Job).join(Job, Job.id == Attempt.job_id).where(
                 *live, Attempt.state != AttemptState.ENDED, Attempt.started_at.is_not(None),
                 Attempt.ended_at.is_(None)).order_by(Attempt.number)))
         by_job: dict[str, list[Attempt]] = {}
-        for a in running:
-            by_job.setdefault(a.job_id, []).append(a)
-        for job in jobs:
-            if job_budget_usd(job) is None or job.id not in by_job:
+        jobs: dict[str, Job] = {}
+        for a, job in running:
+            if job_budget_usd(job) is not None:
+                by_job.setdefault(job.id, []).append(a)
+                jobs[job.id] = job
+        if not by_job:
+            return
+        with session(self.engine) as s:
+            expected = self._expected_usd(s, by_job, pnow)
+        for job_id, usd in expected.items():
+            if usd <= 0:
                 continue   # nothing running: the scheduler checks before the next launch
             with session(self.engine) as s:
-                expected = self._expected_usd(s, by_job[job.id], pnow)
-                if expected <= 0:
-                    continue   # nothing running: the scheduler checks before the next launch
-                j = s.get(Job, job.id)
-                decision = budget_check(s, j, wall, expected)
+                j = s.get(Job, job_id)
+                decision = budget_check(s, j, wall, usd)
                 if not decision.allowed and request_budget_stop(s, j, decision, wall):
                     s.commit()
-                    out.stop_jobs.append(job.id)
-                    self.log.info("budget_stop_requested", job=job.id, reason=decision.reason)
+                    out.stop_jobs.append(job_id)
+                    self.log.info("budget_stop_requested", job=job_id, reason=decision.reason)
 
-    def _expected_usd(self, s: Any, attempts: list[Attempt], pnow: datetime) -> float:
-        """Cost of the running attempts from their watermark until they can be stopped."""
-        total = 0.0
-        for a in attempts:
-            if a.state is AttemptState.ENDED or a.started_at is None or a.ended_at is not None:
-                continue
-            mark = s.get(LedgerMark, f"attempt:{a.id}")
-            since = mark.booked_until if mark is not None else a.started_at
-            last = s.exec(select(SpendEntry).where(
-                SpendEntry.attempt_id == a.id, SpendEntry.kind == SpendKind.COMPUTE.value)
-                .order_by(SpendEntry.end.desc()).limit(1)).first()
-            price = last.price_usd_per_hour if last is not None else a.price_usd_per_hour
-            secs = max(seconds_between(since, pnow), 0.0) + self.stop_margin_s
-            total += secs / 3600.0 * price * max(a.nodes or 1, 1)   # every node bills
-        return total
+    def _expected_usd(self, s: Any, by_job: dict[str, list[Attempt]], pnow: datetime
+                      ) -> dict[str, float]:
+        """Per job: the cost of its running attempts from their watermark until they can be
+        stopped, read in two queries whatever the number of jobs."""
+        ids = [a.id for atts in by_job.values() for a in atts]
+        marks = {m.key: m for m in s.exec(select(LedgerMark).where(
+            LedgerMark.key.in_([f"attempt:{i}" for i in ids])))}
+        last_end = (select(SpendEntry.attempt_id, func.max(SpendEntry.end).label("end"))
+                    .where(SpendEntry.attempt_id.in_(ids),
+                           SpendEntry.kind == SpendKind.COMPUTE.value)
+                    .group_by(SpendEntry.attempt_id).subquery())
+        prices = {aid: price for aid, price in s.exec(
+            select(SpendEntry.attempt_id, SpendEntry.price_usd_per_hour)
+            .join(last_end, (SpendEntry.attempt_id == last_end.c.attempt_id)
+                  & (SpendEntry.end == last_end.c.end))
+            .where(SpendEntry.kind == SpendKind.COMPUTE.value))}
+        out: dict[str, float] = {}
+        for job_id, atts in by_job.items():
+            total = 0.0
+            for a in atts:
+                mark = marks.get(f"attempt:{a.id}")
+                since = mark.booked_until if mark is not None else a.started_at
+                price = prices.get(a.id, a.price_usd_per_hour)
+                secs = max(seconds_between(since, pnow), 0.0) + self.stop_margin_s
+                total += secs / 3600.0 * price * max(a.nodes or 1, 1)   # every node bills
+            out[job_id] = total
+        return out
 
 
 def node_key(node_id: int | None) -> str:

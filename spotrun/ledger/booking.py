@@ -1,7 +1,8 @@
 """Book one attempt's instance time into the ledger, idempotently.
 
-Each call books [watermark, min(upto, end)) split where the price changes, and
-moves the attempt's watermark (LedgerMark) in the same transaction, by
+Each call books [watermark, min(upto, end)) split where the price changes (a span that
+continues the attempt's last row at its price lengthens that row: one row per price span),
+and moves the attempt's watermark (LedgerMark) in the same transaction, by
 compare-and-set, so a crash or a second booker can never double-book or lose a
 second. When the instance has ended the final rules apply once: seconds booked
 past the end are reversed, a free reclaim reverses everything, the minimum and
@@ -128,26 +129,69 @@ def book_attempt(s: Session, att: Attempt, times: InstanceTimes, feed: PriceFeed
     rows: list[SpendEntry] = []
     target = min(upto, times.end) if times.end is not None else upto
     due_s = seconds_between(booked_until, target)
+    extended: list[SpendEntry] = []
     if due_s > 0 and (times.end is not None or due_s >= min_step_s):
         for span in price_spans(feed, att, booked_until, target):
             rows.append(_row(att, SpendKind.COMPUTE, span.start, span.end, span.seconds,
                              span.price_usd_per_hour, span.source, booked_at))
         if volume_gb > 0:
             rows.append(_volume_row(att, rules, volume_gb, booked_until, target, booked_at))
+        rows, extended = _extend_open_rows(s, att, rows, booked_until, rules, volume_gb,
+                                           per_instance)
         booked_until = target
     closed = False
+    for r in extended:
+        s.add(r)
+    if extended:
+        s.flush()   # the final rules below read the extended rows back
     if times.end is not None:
         if booked_until > times.end:
             rows += _reverse_after(s, att, times.end, booked_at, per_instance)
             booked_until = times.end
         rows += _final_rows(s, att, times, rules, rows, booked_at, per_instance)
         closed = True
-    if not rows and not closed:
+    if not rows and not extended and not closed:
         return []
     for r in rows:
         s.add(r)
     _save_mark(s, mark, key, att.job_id, booked_until, closed=closed)
-    return rows
+    return rows + extended
+
+
+def _extend_open_rows(s: Session, att: Attempt, rows: list[SpendEntry], since: datetime,
+                      rules: BillingRules, volume_gb: float, per_instance: str | None
+                      ) -> tuple[list[SpendEntry], list[SpendEntry]]:
+    """Rows that only continue the attempt's last row of their kind at the same price (and
+    source) lengthen that row instead: one row per price span, not one per booking.
+
+    Returns (rows still to add, existing rows lengthened). Amounts are recomputed from the
+    row's whole span, so totals stay exact to the second.
+    """
+    out: list[SpendEntry] = []
+    extended: list[SpendEntry] = []
+    for kind in (SpendKind.COMPUTE, SpendKind.VOLUME):
+        first = next((r for r in rows if r.kind == kind.value and r.start == since), None)
+        if first is None:
+            continue
+        q = select(SpendEntry).where(SpendEntry.attempt_id == att.id,
+                                     SpendEntry.kind == kind.value,
+                                     SpendEntry.billed_seconds > 0)
+        if per_instance:
+            q = q.where(SpendEntry.instance_id == per_instance)
+        prev = s.exec(q.order_by(SpendEntry.end.desc(), SpendEntry.id.desc()).limit(1)).first()
+        if prev is None or prev.end != since or prev.instance_id != first.instance_id \
+                or prev.price_source != first.price_source or prev.note != first.note \
+                or (kind is SpendKind.COMPUTE
+                    and prev.price_usd_per_hour != first.price_usd_per_hour):
+            continue
+        prev.end = first.end
+        prev.billed_seconds = seconds_between(prev.start, prev.end)
+        prev.usd = (rules.volume_usd(volume_gb, prev.billed_seconds) if kind is SpendKind.VOLUME
+                    else prev.billed_seconds / 3600.0 * prev.price_usd_per_hour)
+        prev.booked_at = first.booked_at
+        extended.append(prev)
+        out.append(first)
+    return [r for r in rows if all(r is not f for f in out)], extended
 
 
 # ---------------------------------------------------------------- final rules
