@@ -47,12 +47,12 @@ import policy as bp                                     # noqa: E402  bench/poli
 from mdp import MarkovDP, chain2, kron_all, stationary2  # noqa: E402
 
 from spotrun.errors import BadInputError               # noqa: E402
-from spotrun.policy import make_policy                 # noqa: E402
-from spotrun.policy.base import (IDLE, ON_DEMAND, Decision, JobProgress, Mode,  # noqa: E402
-                                 SafePolicy, safety_net)
-from spotrun.policy.optimal import optimal_costs        # noqa: E402
+from spotrun.decide.policy import make_policy          # noqa: E402
+from spotrun.decide.policy.base import (IDLE, ON_DEMAND, Decision, JobProgress,  # noqa: E402
+                                        Mode, SafePolicy, safety_net)
 from spotrun.simulate import synthetic as syn           # noqa: E402
 from spotrun.simulate.engine import run_policy          # noqa: E402
+from spotrun.simulate.optimal import optimal_costs      # noqa: E402
 from spotrun.simulate.model import build_model, pick_starts  # noqa: E402
 
 BOUND = "bound"

@@ -15,6 +15,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import ConfigDict, Field, Strict
 
+from spotrun.budgets.config import BudgetsSettings
 from spotrun.contracts import validate
 from spotrun.errors import ConfigError
 
@@ -116,6 +117,30 @@ class AwsSettings:
 
 
 @dataclass(frozen=True)
+class GcpSettings:
+    """The `gcp` provider: the project, where Spot VMs launch and what they boot
+    (docs/gcp.md)."""
+
+    __pydantic_config__ = _STRICT
+
+    project: Str = ""                      # the project id instances launch in
+    region: Str = "us-central1"            # catalog prices and the default zones are this region's
+    zones: StrList = ()            # () = the region's zones (spotrun.providers.gcp.ZONES)
+    endpoint_url: Str = ""                 # "" = compute.googleapis.com; tests: a fake on 127.0.0.1
+    metadata_host: Str = "metadata.google.internal"   # what agents poll (GCE_METADATA_HOST wins)
+    network: Str = ""                      # "" = the project's `default` network
+    subnetwork: Str = ""                   # "" = the network's auto subnet in the region
+    service_account: Str = ""              # the VMs' identity for gs:// ("" = the default one)
+    image: Str = ""                        # boot image with NVIDIA drivers (projects/.../images/..)
+    boot_disk_gb: Int = 200                # boot disk, deleted with the VM
+    boot_disk_type: Str = "pd-balanced"
+    spotrun_install: Str = "spotrun"       # pip spec the startup script installs
+    external_ip: Bool = True               # False: no public address (needs Cloud NAT for pip)
+    capacity_cooldown_s: Num = 600.0       # skip a pool this long after a capacity error
+    operation_timeout_s: Num = 120.0       # longest wait for one zone operation
+
+
+@dataclass(frozen=True)
 class NotifySettings:
     """Alerts (`[notify]`, see docs/alerts.md): Slack-compatible webhooks and what goes where."""
 
@@ -149,7 +174,9 @@ class Settings:
     daemon: DaemonSettings = field(default_factory=DaemonSettings)
     agent: AgentSettings = field(default_factory=AgentSettings)
     aws: AwsSettings = field(default_factory=AwsSettings)
+    gcp: GcpSettings = field(default_factory=GcpSettings)
     notify: NotifySettings = field(default_factory=NotifySettings)
+    budgets: BudgetsSettings = field(default_factory=BudgetsSettings)  # docs/budgets.md
 
     @property
     def home_path(self) -> Path:

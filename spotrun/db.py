@@ -74,6 +74,13 @@ class Job(SQLModel, table=True):
     # market's clock runs faster than the wall); None = use the spec's deadline as written.
     deadline_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
     budget_stop_requested: bool = False  # spend loop: stop (checkpoint, terminate) for budget
+    # Who and what it spends for (spotrun.budgets): the submitting OS user, the spec's project.
+    # Rows from before owners existed read "unknown" (the migration's column default).
+    owner: str = Field(default="unknown", index=True)
+    project: str = Field(default="default", index=True)
+    # Set with budget_stop_requested when a project or owner budget stopped the job:
+    # "<scope>:<name>@<period key>" (the next period resumes it; spotrun.budgets.guard).
+    budget_stop_scope: str | None = None
 
     @property
     def spec(self) -> dict[str, Any]:

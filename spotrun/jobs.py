@@ -15,7 +15,7 @@ from sqlalchemy.engine import Engine
 from sqlmodel import Session
 
 from spotrun import layout
-from spotrun.catalog import load_catalog
+from spotrun.catalog import catalog_for
 from spotrun.config import Settings
 from spotrun.db import Attempt, Job, add_event, find_job, new_job_id, session, utcnow
 from spotrun.errors import BadInputError, NotFoundError, SpotrunError
@@ -34,11 +34,17 @@ class Submission:
     store_uri: str
     checkpoint_uri: str
     warnings: tuple[str, ...] = ()    # accepted, but worth saying (e.g. a price cap below all)
+    owner: str = ""                   # who submits ("" = the OS user running submit)
+    settings: Settings | None = None  # the settings it was validated under ([budgets])
 
 
-def validate_submission(path: str | Path, settings: Settings) -> Submission:
-    """Validate a spec file against the catalog and the provider's zones (writes nothing)."""
-    catalog = load_catalog()
+def validate_submission(path: str | Path, settings: Settings, *,
+                        owner: str | None = None) -> Submission:
+    """Validate a spec file against the catalog and the provider's zones, and the owner
+    (`--owner`, where `[budgets] allow_owner_override` allows one; writes nothing)."""
+    from spotrun.budgets.submit import submit_owner
+    owner = submit_owner(settings, owner)
+    catalog = catalog_for(settings)
     zones = known_zones(settings)
     spec = load_spec_file(path, instance_types=catalog.names(), zones=zones)
     warnings = refuse_never_runs(spec, settings, catalog, zones)
@@ -50,7 +56,7 @@ def validate_submission(path: str | Path, settings: Settings) -> Submission:
     else:
         checkpoint_uri = f"{store_uri.rstrip('/')}/{layout.default_checkpoint_prefix(job_id)}"
     return Submission(spec=spec, job_id=job_id, store_uri=store_uri, checkpoint_uri=checkpoint_uri,
-                      warnings=tuple(warnings))
+                      warnings=tuple(warnings), owner=owner, settings=settings)
 
 
 def refuse_never_runs(spec: JobSpec, settings: Settings, catalog: Any,
@@ -76,6 +82,10 @@ def submit(sub: Submission, engine: Engine, progress: ProgressFn | None = None) 
     """
     from spotrun.dbfaults import check_writable
     check_writable(engine)
+    from spotrun.budgets.submit import os_user, refuse_unfit
+    owner = sub.owner or os_user()
+    if sub.settings is not None:   # before the upload: a refused job writes nothing
+        refuse_unfit(sub.settings, engine, sub.spec.project, owner, sub.spec.policy.budget_usd)
     with session(engine) as s:
         # Ids are random; a taken one must not have its bundle overwritten (or deleted below).
         if s.get(Job, sub.job_id) is not None:
@@ -95,7 +105,8 @@ def submit(sub: Submission, engine: Engine, progress: ProgressFn | None = None) 
     job = Job(id=sub.job_id, name=sub.spec.name, state=JobState.QUEUED,
               spec_json=json.dumps(sub.spec.to_dict(), sort_keys=True),
               store_uri=sub.store_uri, checkpoint_uri=sub.checkpoint_uri, bundle_key=bundle,
-              budget_usd=sub.spec.policy.budget_usd, total_steps=sub.spec.work.total_steps)
+              budget_usd=sub.spec.policy.budget_usd, total_steps=sub.spec.work.total_steps,
+              owner=owner, project=sub.spec.project)
     try:
         with session(engine) as s:
             s.add(job)
@@ -181,6 +192,10 @@ def resume_job(engine: Engine, ref: str, budget_usd: float | None = None) -> Job
             from spotrun.ledger.budget import raise_budget
             raise_budget(s, job, budget_usd)
         move_job(job, JobState.RECOVERING)
+        if job.budget_stop_scope is not None:
+            # A project or owner budget stopped it: its launch waits for room in that budget.
+            job.budget_stop_requested = False
+            job.budget_stop_scope = None
         job.error_restarts = 0
         job.reason = None
         job.updated_at = utcnow()

@@ -57,12 +57,23 @@ def _attempt_nodes(conn: Connection) -> None:
     AttemptNode.__table__.create(conn, checkfirst=True)
 
 
+def _owners_and_projects(conn: Connection) -> None:
+    """Version 6: budgets per project and owner. The columns come generically, old rows
+    reading their defaults (owner "unknown", project "default"); their indexes here."""
+    from spotrun.db import Job
+    for index in Job.__table__.indexes:
+        if {c.name for c in index.columns} & {"owner", "project"}:
+            index.create(conn, checkfirst=True)
+
+
 STEPS: list[Step] = [
     Step(2, "columns added after v1 (budget stop, checkpoint figures, running_at, ...)",
          _columns_added_by_helpers),
     Step(3, "end reason 'moved' (placement policy moves)", _end_reason_moved),
     Step(4, "alerts outbox table", _notify_outbox),
     Step(5, "multi-node: attempt nodes table, node columns on attempts", _attempt_nodes),
+    Step(6, "owner and project on jobs (budgets per project and owner)",
+         _owners_and_projects),
 ]
 LATEST = max(s.version for s in STEPS)
 

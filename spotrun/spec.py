@@ -24,7 +24,7 @@ ENV_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 SECRET_RE = re.compile(r"^(env:[A-Za-z_][A-Za-z0-9_]*|ssm:/\S+|secretsmanager:\S+)$")
 COUNT_RANGE_RE = re.compile(r"^\s*(\d+)\s*-\s*(\d+)\s*$")
 CHECKPOINT_URI_RE = re.compile(
-    r"^(s3://[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9](/[^\s]*)?|file:///[^\s]*)$")
+    r"^((s3|gs)://[a-z0-9][a-z0-9._\-]{1,61}[a-z0-9](/[^\s]*)?|file:///[^\s]*)$")
 Precision = Literal["fp32", "tf32", "fp16", "bf16", "fp8"]
 Optimizer = Literal["adamw", "adam", "sgd", "adafactor", "lion"]
 Sharding = Literal["none", "fsdp"]
@@ -80,7 +80,7 @@ def _relative(value: str) -> str:
 
 def _checkpoint_uri(value: str) -> str:
     if not CHECKPOINT_URI_RE.match(value):
-        raise fail("allowed: s3://bucket/prefix or file:///absolute/path")
+        raise fail("allowed: s3://bucket/prefix, gs://bucket/prefix or file:///absolute/path")
     if ".." in value.split("/"):
         raise fail("must not contain '..'")
     return value
@@ -293,7 +293,7 @@ class CheckpointSpec:
     __pydantic_config__ = _STRICT
 
     uri: Annotated[str, Strict(), AfterValidator(_checkpoint_uri), Field(
-        description="s3://bucket/prefix or file:///absolute/path")] | None = None
+        description="s3://bucket/prefix, gs://bucket/prefix or file:///absolute/path")] | None = None
     interval_minutes: Annotated[Positive | None, BeforeValidator(_auto), Field(
         description="a number > 0 or 'auto'")] = None   # None = auto (Young/Daly)
     keep: Annotated[int, Strict(), Field(ge=1, description="an integer >= 1")] = 3
@@ -323,6 +323,8 @@ class JobSpec:
 
     name: Name
     command: Command
+    # Whose money: the project budget it spends from (docs/budgets.md); also a cloud tag.
+    project: Name = "default"
     workdir: Workdir | None = None
     env: Env = field(default_factory=dict)
     secrets: Secrets = field(default_factory=dict)
@@ -350,6 +352,8 @@ class JobSpec:
         out = adapter(JobSpec).dump_python(self, mode="json")
         if out.get("persist") is None:
             out.pop("persist", None)   # the default: stored specs keep their older form
+        if out.get("project") == "default":
+            out.pop("project")         # likewise
         return out
 
 

@@ -5,14 +5,22 @@ or `elapsed_s`; then one column per pool holding how many spot instances are
 available (blank = the pool's trace has ended: unavailable). Prices:
 `zone,tick,time_utc,spot_price_usd_per_hour` change points, each holding until
 the zone's next row. Used by the local market and by `spotrun simulate`.
+
+The same availability also reads from the JSON shape the public GCP traces have
+(skypilot-org/spot-traces, e.g. `preemption/1-node/gcp-04-30-2023/us-central1-c_c3-88.json`):
+`{"metadata": {"gap_seconds": 30}, "data": [1, 1, 0, ...]}`, one pool per file named by its
+stem, or `"data": {"<pool>": [...], ...}` for several; a directory of such files is one trace
+with a pool per file (docs/gcp.md, "A GCP-shaped availability trace").
 """
 
 from __future__ import annotations
 
 import csv
+import json
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -87,8 +95,11 @@ def _zone_of(pool: str) -> str:
 
 
 def load_trace(path: str | Path) -> Trace:
-    """Read an availability CSV; raises BadInputError on a malformed file."""
+    """Read an availability CSV, or a JSON trace (a file or a directory of them: see the
+    module docstring); raises BadInputError on a malformed one."""
     p = Path(path)
+    if p.is_dir() or p.suffix.lower() == ".json":
+        return load_json_trace(p)
     try:
         text = p.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
@@ -125,6 +136,60 @@ def load_trace(path: str | Path) -> Trace:
             raise BadInputError(f"malformed row {i + 2}", field="trace", value=str(p)) from None
     return Trace(ticks=ticks, elapsed_s=elapsed, pools=pools, available=avail, source=str(p),
                  start_time=start)
+
+
+def _json_pools(p: Path) -> tuple[float, dict[str, list[Any]]]:
+    """(gap_seconds, {pool: counts}) of one JSON trace file."""
+    try:
+        raw = json.loads(p.read_text(encoding="utf-8"))
+        gap = float(raw["metadata"]["gap_seconds"])
+        data = raw["data"]
+    except (OSError, UnicodeDecodeError) as exc:
+        raise BadInputError(f"cannot read trace: {exc}", field="trace", value=str(p)) from None
+    except (ValueError, KeyError, TypeError):
+        raise BadInputError('allowed: JSON {"metadata": {"gap_seconds": N}, "data": [...]}',
+                            field="trace", value=str(p)) from None
+    pools = data if isinstance(data, dict) else {p.stem: data}
+    if not (gap > 0) or not pools or not all(isinstance(v, list) for v in pools.values()):
+        raise BadInputError("gap_seconds must be > 0 and data a list (or pool -> list)",
+                            field="trace", value=str(p))
+    return gap, {str(k): v for k, v in pools.items()}
+
+
+def load_json_trace(path: str | Path) -> Trace:
+    """A JSON trace file, or a directory of them (a pool per file, by name): one Trace."""
+    p = Path(path)
+    files = sorted(p.glob("*.json")) if p.is_dir() else [p]
+    if not files:
+        raise BadInputError("no *.json trace files in the directory", field="trace",
+                            value=str(p))
+    gaps: set[float] = set()
+    pools: dict[str, list[Any]] = {}
+    for f in files:
+        gap, found = _json_pools(f)
+        gaps.add(gap)
+        for name, series in found.items():
+            if name in pools:
+                raise BadInputError(f"pool {name!r} is given twice", field="trace",
+                                    value=str(f))
+            pools[name] = series
+    if len(gaps) != 1:
+        raise BadInputError(f"every file must have the same gap_seconds; found "
+                            f"{', '.join(f'{g:g}' for g in sorted(gaps))}", field="trace",
+                            value=str(p))
+    n = max(len(v) for v in pools.values())
+    if n == 0:
+        raise BadInputError("the trace has no rows", field="trace", value=str(p))
+    avail = np.full((n, len(pools)), -1, dtype=np.int64)   # past a pool's end: blank
+    for j, series in enumerate(pools.values()):
+        try:
+            avail[:len(series), j] = [int(x) for x in series]
+        except (TypeError, ValueError):
+            raise BadInputError(f"pool {list(pools)[j]!r}: counts must be integers",
+                                field="trace", value=str(p)) from None
+    return Trace(ticks=np.arange(n, dtype=np.int64),
+                 elapsed_s=np.arange(n, dtype=np.float64) * gaps.pop(),
+                 pools=list(pools), available=avail, source=str(p))
 
 
 def load_prices(path: str | Path) -> PriceBook:

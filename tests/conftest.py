@@ -154,7 +154,8 @@ HEAVY_MODULES = [
     "aws/test_aws_e2e.py", "test_audit_e2e.py", "test_budget_e2e.py", "test_first_hour_e2e.py",
     "test_integrations_hf.py", "test_torch_notice.py", "test_daemon_faults.py",
     "test_notice_lands.py", "test_multinode_daemon.py", "test_torch_multinode.py",
-    "test_provider_contract.py", "test_torch_resume.py",
+    "test_provider_contract.py", "test_torch_resume.py", "gcp/test_gcp_e2e.py",
+    "gcp/test_gcp_multinode.py",
 ]
 
 

@@ -35,6 +35,7 @@ class ReferenceRuns:
         self.shared_dir = shared_dir
         self.scratch = scratch
         self._mine: dict[str, tuple[IO[str], subprocess.Popen]] = {}
+        self._started = 0   # runs this worker started: each gets a folder of its own
 
     def _paths(self, args: str) -> tuple[Path, Path]:
         key = hashlib.sha256(args.encode()).hexdigest()[:16]
@@ -54,7 +55,9 @@ class ReferenceRuns:
         if result.exists():
             lock.close()
             return
-        cwd = self.scratch / f"run-{len(self._mine)}"
+        # Not len(self._mine): a finished run leaves it, and the next run would reuse its folder.
+        cwd = self.scratch / f"run-{self._started}"
+        self._started += 1
         cwd.mkdir(parents=True)
         proc = subprocess.Popen(
             [sys.executable, str(DEMO), *args.split(), "--checkpoint-uri",

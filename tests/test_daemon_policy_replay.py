@@ -37,7 +37,7 @@ from spotrun.providers.local.market.clock import ManualClock
 from spotrun.providers.local.market.core import Market
 from spotrun.providers.local.market.options import MarketOptions
 from spotrun.providers.local.market.server import MarketHTTPServer, _Flags
-from spotrun.policy import Mode
+from spotrun.decide.policy import Mode
 from spotrun.providers.local.provider import LocalProvider
 from spotrun.states import AttemptState, EndReason, InstanceState, JobState, \
     Market as MarketKind

@@ -170,7 +170,7 @@ def test_rules_are_data_per_provider():
     assert all(f.billing_rules() is not None for f in FACTS.values())
     assert rules_for("local").minimum_s == AWS_RULES.minimum_s == 60
     with pytest.raises(ConfigError) as ei:
-        rules_for("gcp")
+        rules_for("nowhere")
     assert ei.value.field == "provider"
     r = AWS_RULES
     assert r.billed_seconds(3599, market=Market.SPOT, reclaimed_by_provider=True) == 0

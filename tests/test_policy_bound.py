@@ -12,7 +12,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 import policy_bound as pb                                   # noqa: E402
 from mdp import MarkovDP                                     # noqa: E402
 
-from spotrun.policy.optimal import optimal_costs            # noqa: E402
+from spotrun.simulate.optimal import optimal_costs            # noqa: E402
 from spotrun.simulate.model import build_model, pick_starts  # noqa: E402
 from spotrun.simulate.synthetic import regime_change_market  # noqa: E402
 

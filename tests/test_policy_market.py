@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from spotrun.policy import JobProgress, Mode, make_policy
-from spotrun.policy.market import MarketHistory
+from spotrun.decide.policy import JobProgress, Mode, make_policy
+from spotrun.decide.policy.market import MarketHistory
 
 
 def history(cols: list[str], prices: list[float] | None = None) -> MarketHistory:

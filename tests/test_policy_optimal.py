@@ -7,9 +7,9 @@ import itertools
 import numpy as np
 import pytest
 
-from spotrun.policy import IDLE, ON_DEMAND, Decision, Mode
-from spotrun.policy.market import MarketHistory
-from spotrun.policy.optimal import optimal_costs, optimal_schedule
+from spotrun.decide.policy import IDLE, ON_DEMAND, Decision, Mode
+from spotrun.decide.policy.market import MarketHistory
+from spotrun.simulate.optimal import optimal_costs, optimal_schedule
 from spotrun.simulate.engine import ScheduledPolicy, run_policy
 from spotrun.simulate.model import SimModel
 

@@ -1,151 +1,147 @@
-"""The `reserve` policy's own decisions (a candidate of `spotrun`), on small hand-made markets."""
+"""The `spotrun` policy: it follows the candidate the market seen so far rewarded, safely."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
+import pytest
 
-from spotrun.policy import JobProgress, Mode, make_policy
-from spotrun.policy.market import MarketHistory
+from spotrun.decide.policy import JobProgress, Mode, make_policy
+from spotrun.decide.policy.market import MarketHistory
+from spotrun.decide.policy.spotrun import CANDIDATES, SpotrunPolicy, choose_candidate, shadow_cost, \
+    windows
 from spotrun.simulate.engine import run_policy
-from spotrun.simulate.model import SimModel
+from spotrun.simulate.model import SimModel, build_model, pick_starts
+from spotrun.simulate.synthetic import regime_change_market
+from spotrun.traces import load_prices, load_trace
 
-TICK_S = 60.0
-
-
-def history(cols: list[str], prices: list[float] | None = None,
-            od: float = 3.0) -> MarketHistory:
-    """One pool per string of '0'/'1' (one char per tick), flat prices."""
-    up = np.array([[ch == "1" for ch in col] for col in cols]).T
-    price = np.tile(np.asarray(prices or [1.0] * len(cols)), (up.shape[0], 1))
-    return MarketHistory([f"p{j}" for j in range(len(cols))], up, price, od, TICK_S)
+TICK_S = 600.0
+DATA = Path(__file__).resolve().parents[1] / "spotrun" / "data" / "traces"
 
 
-def job(work: int, slack: int, changeover: int = 2, elapsed: int = 100,
-        mode: Mode = Mode.IDLE, pool: str | None = None) -> JobProgress:
-    """A job with `work` ticks left and `slack` ticks to spare (in ticks of TICK_S)."""
-    return JobProgress(work_total_s=work * TICK_S, work_done_s=0.0,
-                       time_left_s=(work + changeover + slack) * TICK_S,
-                       elapsed_s=elapsed * TICK_S, changeover_s=changeover * TICK_S,
-                       tick_s=TICK_S, mode=mode, pool=pool)
+def model_of(up: np.ndarray, work: int, deadline: int, changeover: int,
+             prices: list[float] | None = None) -> SimModel:
+    """A model over availability columns (flat prices per pool)."""
+    price = np.tile(np.asarray(prices or [1.0] * up.shape[1]), (len(up), 1))
+    h = MarketHistory([f"p{j}" for j in range(up.shape[1])], up, price, 3.0, TICK_S)
+    return SimModel(history=h, tick_values=np.arange(len(up)), work_ticks=work,
+                    deadline_ticks=deadline, changeover_ticks=changeover)
 
 
-def test_waits_for_spot_with_ample_slack_and_goes_on_demand_before_the_safety_net():
-    h = history([("1" * 20 + "0" * 5) * 8 + "1" * 10 + "000"])   # down now, 3 ticks in
-    now = len(h) - 1
-    assert make_policy("reserve").decide(job(10, slack=60), h.view(now)).mode is Mode.IDLE
-    # 3 ticks of slack: the safety net would still let greedy wait; spotrun keeps a reserve
-    tight = job(10, slack=3)
-    assert make_policy("greedy").decide(tight, h.view(now)).mode is Mode.IDLE
-    assert make_policy("reserve").decide(tight, h.view(now)).mode is Mode.ON_DEMAND
+def periodic(n: int, up_ticks: int, down_ticks: int) -> np.ndarray:
+    """One pool: up_ticks up, down_ticks down, repeated."""
+    col = np.array(([True] * up_ticks + [False] * down_ticks) * (n // (up_ticks + down_ticks) + 1))
+    return col[:n, None]
 
 
-def test_reserve_grows_with_the_observed_reclaims():
-    # job: 40 ticks of work, 20 of slack, changeover 2, 100 elapsed: deadline 162 ticks
-    frequent = history([("1" * 8 + "0") * 12 + "000"])     # a reclaim every 9 ticks
-    rare = history(["1" * 100 + "000"])                     # one reclaim (the current outage)
-    j = job(40, slack=20)
-    p = make_policy("reserve")
-    assert p.decide(j, frequent.view(len(frequent) - 1)).mode is Mode.ON_DEMAND
-    p = make_policy("reserve")
-    assert p.decide(j, rare.view(len(rare) - 1)).mode is Mode.IDLE
+def start_job(m: SimModel) -> JobProgress:
+    return JobProgress(work_total_s=m.work_ticks * TICK_S, work_done_s=0.0,
+                       time_left_s=m.deadline_ticks * TICK_S, elapsed_s=0.0,
+                       changeover_s=m.changeover_ticks * TICK_S, tick_s=TICK_S)
 
 
-def test_reserve_reads_only_the_last_deadline_of_history():
-    # frequent reclaims long ago, a steady pool over the last 158 ticks (the job's deadline);
-    # read over all of it, the reclaims would ask for more than the 16 ticks of slack
-    h = history([("1" * 4 + "0") * 40 + "1" * 200 + "000"])
-    p = make_policy("reserve")
-    assert p.decide(job(40, slack=16), h.view(len(h) - 1)).mode is Mode.IDLE
+def test_without_history_it_follows_greedy():
+    m = model_of(periodic(400, 10, 30), work=20, deadline=40, changeover=2)
+    p = SpotrunPolicy()
+    assert windows(5, 20, 40, 2) == []            # less than a quarter deadline seen
+    assert p.following(start_job(m), m.history.view(5)) == "greedy"
 
 
-def test_leaves_on_demand_only_for_a_stretch_expected_to_pay():
-    on_od = job(30, slack=100, mode=Mode.ON_DEMAND)
-    flappy = history([("111" + "00") * 20 + "1"])          # stretches of 3, changeover 2
-    assert make_policy("reserve").decide(on_od, flappy.view(len(flappy) - 1)).mode \
-        is Mode.ON_DEMAND
-    steady = history([("1" * 40 + "00") * 3 + "1"])
-    d = make_policy("reserve").decide(on_od, steady.view(len(steady) - 1))
-    assert d.mode is Mode.SPOT and d.pool == "p0"
+def test_where_waiting_for_spot_lost_it_leaves_greedy_for_the_candidate_that_won():
+    # outages twice as long as the stretches: greedy waits out its slack, then finishes
+    # the job on on-demand; bridging outages on on-demand early is cheaper
+    m = model_of(periodic(600, 5, 10), work=30, deadline=40, changeover=1)
+    view = m.history.view(500)
+    wins = windows(500, 30, 40, 1)
+    assert len(wins) == 16 and all(s + d <= 501 for s, _, d in wins)
+    costs = {n: np.mean([shadow_cost(m.history, s, w, d, 1, n) for s, w, d in wins])
+             for n in CANDIDATES}
+    chosen = choose_candidate(view, (30, 40, 1), None)
+    assert chosen != "greedy" and costs[chosen] < costs["greedy"]
+    assert costs[chosen] == min(costs.values())
+    # and on the job that follows, that choice costs less than greedy
+    p, g = run_policy(m, make_policy("spotrun"), 501), run_policy(m, make_policy("greedy"), 501)
+    assert p.deadline_met and p.cost_usd < g.cost_usd
 
 
-def test_prefers_the_cheaper_pool_and_stays_on_spot_while_up():
-    cols = [("1" * 30 + "0") * 3 + "1" * 40] * 2
-    h = history(cols, prices=[2.0, 1.0])
-    now = len(h) - 1
-    d = make_policy("reserve").decide(job(20, slack=5), h.view(now))
-    assert d.mode is Mode.SPOT and d.pool == "p1"
-    on_p0 = job(20, slack=5, mode=Mode.SPOT, pool="p0")
-    assert make_policy("reserve").decide(on_p0, h.view(now)).pool == "p0"   # no slack to move
+def test_a_restarted_policy_on_a_daemon_grown_history_decides_the_same():
+    trace, prices = regime_change_market(seed=1)
+    m = build_model(trace, prices, spot_price_usd_per_hour=None, od_price_usd_per_hour=3.0,
+                    work_hours=2.0, deadline_hours=3.0, changeover_hours=0.2)
+    start = 3550                                   # across the regime change at 3600
+    ref = run_policy(m, make_policy("spotrun"), start, record=True)
+    h = m.history
+    grown = MarketHistory(h.pools, h.up[:start + 1], h.price[:start + 1],
+                          h.od_price_usd_per_hour, h.tick_s)
+    continuing = make_policy("spotrun")
+    W, D, C = m.work_ticks, m.deadline_ticks, m.changeover_ticks
+    # replay the reference run's own states; at each tick a fresh policy (a restarted daemon)
+    # and the continuing one must both give the reference decision
+    done, mode, pool, c_left = 0, Mode.IDLE, None, 0
+    for tau, d in enumerate(ref.decisions):
+        t = start + tau
+        if tau > 0:
+            grown = grown.extended(h.up[t], h.price[t])
+        if mode is Mode.SPOT and not h.up[t, h.pools.index(pool)]:
+            mode, pool, c_left = Mode.IDLE, None, 0
+            continue
+        job = JobProgress(work_total_s=W * h.tick_s, work_done_s=done * h.tick_s,
+                          time_left_s=(D - tau) * h.tick_s, elapsed_s=tau * h.tick_s,
+                          changeover_s=C * h.tick_s, tick_s=h.tick_s, mode=mode, pool=pool,
+                          changeover_left_s=c_left * h.tick_s)
+        assert continuing.decide(job, grown.view(t)) == d
+        assert make_policy("spotrun").decide(job, grown.view(t)) == d
+        if d.mode is Mode.IDLE:
+            mode, pool, c_left = Mode.IDLE, None, 0
+            continue
+        if (d.mode, d.pool) != (mode, pool):
+            mode, pool, c_left = d.mode, d.pool, C
+        if c_left > 0:
+            c_left -= 1
+        else:
+            done += 1
 
 
-def test_with_several_pools_and_spare_slack_it_waits_for_a_stretch_to_last():
-    # long stretches in history; now both pools have just come back (age 1)
-    base = ("1" * 50 + "0" * 10) * 5
-    h = history([base + "1", base + "1"])
-    now = len(h) - 1
-    assert make_policy("reserve").decide(job(10, slack=200), h.view(now)).mode is Mode.IDLE
-    d = make_policy("reserve").decide(job(10, slack=6), h.view(now))
-    assert d.mode is Mode.SPOT                                  # no spare slack: launch now
-    # a single pool is never gated: waiting would only lose its first ticks
-    one = history([base + "1"])
-    assert make_policy("reserve").decide(job(10, slack=200), one.view(now)).mode is Mode.SPOT
+def test_decisions_ignore_the_market_after_now_with_a_long_history():
+    trace, prices = regime_change_market(seed=2)
+    m = build_model(trace, prices, spot_price_usd_per_hour=None, od_price_usd_per_hour=3.0,
+                    work_hours=2.0, deadline_hours=4.0, changeover_hours=0.2)
+    cut, start = 3620, 3590
+    h = m.history
+    other = MarketHistory(h.pools, np.concatenate([h.up[:cut], ~h.up[cut:]]),
+                          np.concatenate([h.price[:cut], h.price[cut:] * 3]),
+                          h.od_price_usd_per_hour, h.tick_s)
+    b = SimModel(history=other, tick_values=m.tick_values, work_ticks=m.work_ticks,
+                 deadline_ticks=m.deadline_ticks, changeover_ticks=m.changeover_ticks)
+    ra = run_policy(m, make_policy("spotrun"), start, record=True)
+    rb = run_policy(b, make_policy("spotrun"), start, record=True)
+    assert ra.deadline_met and rb.deadline_met
+    assert ra.decisions[:cut - start] == rb.decisions[:cut - start]
 
 
-def test_a_gated_launch_waits_out_a_reclaim_wave_in_pools_as_cheap():
-    # p0 has been up 40 ticks (past any gate); p1 went down `ago` ticks ago
-    base = ("1" * 50 + "0" * 10) * 5
-    def market(ago: int, prices: list[float] | None = None) -> MarketHistory:
-        return history([base + "1" * 40, base + "1" * (40 - ago) + "0" * ago], prices)
-    roomy = job(10, slack=200)                  # changeover 2: settle = 3 quiet ticks
-    for ago, mode in ((1, Mode.IDLE), (3, Mode.IDLE), (4, Mode.SPOT)):
-        h = market(ago)
-        assert make_policy("reserve").decide(roomy, h.view(len(h) - 1)).mode is mode, ago
-    # a reclaim in a dearer pool says nothing about the chosen one's wave
-    h = market(1, prices=[1.0, 2.0])
-    assert make_policy("reserve").decide(roomy, h.view(len(h) - 1)).pool == "p0"
-    # without spare slack there is no gate and no wait
-    h = market(1)
-    assert make_policy("reserve").decide(job(10, slack=6), h.view(len(h) - 1)).mode is Mode.SPOT
+def _slice(which: str, pools: int | None, work_h: float, factor: float) -> SimModel:
+    if which == "synthetic":
+        trace, prices = regime_change_market(seed=0)
+    else:
+        trace = load_trace(DATA / "p3.2xlarge_4az_demo.csv")
+        prices = load_prices(DATA / "p3.2xlarge_4az_demo_prices.csv")
+    chosen = trace.pools if pools is None else [trace.pools[pools]]
+    return build_model(trace.select(chosen), prices, spot_price_usd_per_hour=None,
+                       od_price_usd_per_hour=3.06, work_hours=work_h,
+                       deadline_hours=work_h * factor, changeover_hours=0.2)
 
 
-def random_model(seed: int, pools: int, n: int = 900) -> SimModel:
-    """Bursty availability with a long history before the starts."""
-    rng = np.random.default_rng(seed)
-    up = np.zeros((n, pools), dtype=bool)
-    for j in range(pools):
-        t, state = 0, bool(rng.integers(2))
-        while t < n:
-            length = int(rng.pareto(1.2) * (8 if state else 4)) + 1
-            up[t:t + length, j] = state
-            t, state = t + length, not state
-    price = np.repeat(rng.uniform(0.5, 1.5, size=(n // 100, pools)), 100, axis=0)
-    h = MarketHistory([f"z{j}" for j in range(pools)], up, price, 3.0, TICK_S)
-    return SimModel(history=h, tick_values=np.arange(n), work_ticks=80, deadline_ticks=200,
-                    changeover_ticks=3)
-
-
-def test_decisions_before_t_ignore_the_market_after_t_and_every_deadline_is_met():
-    for seed in range(4):
-        a = random_model(seed, 3)
-        cut = 700
-        b = random_model(seed, 3)
-        b.history = MarketHistory(a.history.pools,
-                                  np.concatenate([a.history.up[:cut], ~a.history.up[cut:]]),
-                                  np.concatenate([a.history.price[:cut],
-                                                  a.history.price[cut:] * 3]), 3.0, TICK_S)
-        for start in (600, 650):
-            ra = run_policy(a, make_policy("reserve"), start, record=True)
-            rb = run_policy(b, make_policy("reserve"), start, record=True)
-            assert ra.deadline_met and rb.deadline_met
-            assert ra.decisions[:cut - start] == rb.decisions[:cut - start]
-
-
-def test_a_history_grown_by_the_daemon_gives_the_same_decisions():
-    whole = random_model(5, 2, n=300).history
-    grown = MarketHistory(whole.pools, whole.up[:200], whole.price[:200], 3.0, TICK_S)
-    p_whole, p_grown = make_policy("reserve"), make_policy("reserve")
-    for t in range(199, 300):
-        if t > 199:
-            grown = grown.extended(whole.up[t], whole.price[t])
-        j = job(50, slack=300 - t)
-        assert p_whole.decide(j, whole.view(t)) == p_grown.decide(j, grown.view(t))
+@pytest.mark.parametrize("which,pools,work_h,factor", [
+    ("synthetic", 1, 2.0, 2.0), ("synthetic", 1, 2.0, 5.0), ("synthetic", None, 8.0, 1.5),
+    ("demo", 0, 2.0, 1.5), ("demo", None, 2.0, 5.0),
+])
+def test_never_worse_than_the_better_rule_by_more_than_one_percent(which, pools, work_h, factor):
+    m = _slice(which, pools, work_h, factor)
+    rows = pick_starts(m, starts=8, seed=1, t0=None)
+    mean = {}
+    for name in ("greedy", "uniform-progress", "spotrun"):
+        runs = [run_policy(m, make_policy(name), int(r)) for r in rows]
+        assert all(r.deadline_met for r in runs), name
+        mean[name] = float(np.mean([r.cost_usd for r in runs]))
+    assert mean["spotrun"] <= 1.01 * min(mean["greedy"], mean["uniform-progress"])

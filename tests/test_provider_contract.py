@@ -2,7 +2,8 @@
 
 Adding a provider = one line in HARNESSES: a function returning a Harness (the
 provider, pools it can and cannot fill, and a way to force a reclaim). `local` runs a
-market process; `aws` runs real boto3 against moto on 127.0.0.1 (tests/aws).
+market process; `aws` runs real boto3 against moto on 127.0.0.1 (tests/aws); `gcp` runs google-cloud-compute's
+REST client against a fake Compute Engine on 127.0.0.1 (tests/gcp).
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ from typing import Callable, Iterator
 import pytest
 from aws.moto_fixtures import MotoServer, moto, moto_server, moto_settings  # noqa: F401
 from conftest import MarketFactory, write_trace
+from gcp.fake_compute import FakeCompute
+from gcp.gce_fixtures import gce, gcp_settings  # noqa: F401
 from polling import wait_for
 
 from spotrun.aws_clients import make_client
@@ -23,6 +26,8 @@ from spotrun.errors import CapacityError
 from spotrun.providers import InstanceInfo, LaunchRequest, Pool, Provider
 from spotrun.providers.aws.provider import AwsProvider
 from spotrun.providers.base import TAG_NODE
+from spotrun.providers.gcp.launch import zone_of
+from spotrun.providers.gcp.provider import GcpProvider
 from spotrun.providers.local.provider import LocalProvider
 from spotrun.states import InstanceState, Market, TerminationCause
 
@@ -66,9 +71,22 @@ def _aws(request: pytest.FixtureRequest, tmp_path: Path) -> Harness:
                    force_reclaim=server.reclaim)
 
 
+def _gcp(request: pytest.FixtureRequest, tmp_path: Path) -> Harness:
+    # The fake Compute Engine on 127.0.0.1: us-central1-b has no g2 Spot capacity.
+    fake: FakeCompute = request.getfixturevalue("gce")
+    fake.state.set_no_capacity("g2-standard-4", "us-central1-b")
+    provider = GcpProvider.from_settings(gcp_settings(fake, str(tmp_path / "home")))
+    return Harness(provider=provider,
+                   spot_ok=Pool("g2-standard-4", "us-central1-a", Market.SPOT),
+                   spot_full=Pool("g2-standard-4", "us-central1-b", Market.SPOT),
+                   on_demand=Pool("g2-standard-4", "us-central1-c", Market.ON_DEMAND),
+                   force_reclaim=lambda iid: fake.state.preempt(zone_of(iid), iid, window_s=0))
+
+
 HARNESSES: dict[str, Callable[[pytest.FixtureRequest, Path], Harness]] = {
     "local": _local,
     "aws": _aws,
+    "gcp": _gcp,
 }
 
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from spotrun.policy import IDLE, ON_DEMAND, POLICIES, Decision, Mode, make_policy
-from spotrun.policy.market import MarketHistory
-from spotrun.policy.optimal import optimal_costs
+from spotrun.decide.policy import IDLE, ON_DEMAND, POLICIES, Decision, Mode, make_policy
+from spotrun.decide.policy.market import MarketHistory
+from spotrun.simulate.optimal import optimal_costs
 from spotrun.simulate.engine import ScheduledPolicy, run_policy
 from spotrun.simulate.model import SimModel
 

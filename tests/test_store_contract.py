@@ -1,20 +1,24 @@
-"""One contract for every object store: file:// on disk, s3:// on moto (127.0.0.1)."""
+"""One contract for every object store: file:// on disk, s3:// on moto, gs:// on a GCS emulator
+(fake-gcs-server), both on 127.0.0.1."""
 
 from __future__ import annotations
 
 import hashlib
 import threading
 import os
+import random
 from pathlib import Path
 
 import pytest
 
 from aws.moto_fixtures import MotoServer, moto, moto_server  # noqa: F401  (fixtures)
+from gcp.gcs_emulator import GcsEmulator, gcs_emulator  # noqa: F401  (fixture)
 from spotrun import checkpoints
 from spotrun.aws_clients import RetryPolicy, make_client
-from spotrun.errors import ChecksumMismatch, ObjectNotFound, StoreError
+from spotrun.errors import ChecksumMismatch, ConfigError, ObjectNotFound, StoreError
 from spotrun.store import ObjectStore, open_store
 from spotrun.store.file import FileStore
+from spotrun.store.gcs import GcsStore
 from spotrun.store.s3 import MIN_PART_SIZE, S3Store
 
 BUCKET = "spotrun-test"
@@ -29,11 +33,29 @@ def _s3_store(server: MotoServer) -> S3Store:
                    retry=RetryPolicy(attempts=4, base_s=0.001, max_s=0.01))
 
 
-@pytest.fixture(params=["file", "s3"])
-def store(request: pytest.FixtureRequest, tmp_path: Path) -> ObjectStore:
+_gcs_buckets = iter(range(10**6))
+
+
+def _gcs_store(emu: GcsEmulator, monkeypatch: pytest.MonkeyPatch) -> GcsStore:
+    # A bucket per test (the emulator lives for the session); small pages, resumable chunks
+    # and ranged reads so pagination, chunked uploads and streamed reads are exercised.
+    bucket = emu.make_bucket(f"spotrun-test-{next(_gcs_buckets)}")
+    # open_store() builds its own client: STORAGE_EMULATOR_HOST makes it anonymous, local.
+    for k, v in emu.env.items():
+        monkeypatch.setenv(k, v)
+    return GcsStore(bucket, "root/prefix", client=emu.client(), page_size=2,
+                    chunk_size=MIN_PART_SIZE, resumable_threshold=MIN_PART_SIZE,
+                    read_chunk=1024 * 1024)
+
+
+@pytest.fixture(params=["file", "s3", "gcs"])
+def store(request: pytest.FixtureRequest, tmp_path: Path,
+          monkeypatch: pytest.MonkeyPatch) -> ObjectStore:
     """Each store kind, empty."""
     if request.param == "file":
         return FileStore(tmp_path / "store")
+    if request.param == "gcs":
+        return _gcs_store(request.getfixturevalue("gcs_emulator"), monkeypatch)
     return _s3_store(request.getfixturevalue("moto"))
 
 
@@ -107,6 +129,11 @@ def test_large_file_goes_up_in_parts_with_progress(store, tmp_path):
         etag = store.client.head_object(Bucket=store.bucket, Key=store._key("ckpt/model.pt"))
         assert etag["ETag"].strip('"').endswith("-3"), etag["ETag"]
         assert len(threads) >= 2, threads
+    if isinstance(store, GcsStore):
+        # One resumable upload in 5 MiB chunks: a progress call after each of the three.
+        assert [d for d, _ in seen] == [MIN_PART_SIZE, 2 * MIN_PART_SIZE, len(data)]
+        blob = store.bucket.get_blob(store._key("ckpt/model.pt"))
+        assert blob.metadata == {"sha256": digest} and blob.size == len(data)
     got: list[tuple[int, int]] = []
     store.get_file("ckpt/model.pt", tmp_path / "back.bin", progress=lambda d, t: got.append((d, t)))
     assert (tmp_path / "back.bin").read_bytes() == data
@@ -171,3 +198,113 @@ def test_s3_failed_multipart_is_aborted(moto, tmp_path):  # noqa: F811
     moto.layer.reset()
     assert st.client.list_multipart_uploads(Bucket=BUCKET).get("Uploads", []) == []
     assert not st.exists("b/big")
+
+
+# ---------------------------------------------------------------- gs only
+
+
+def _damage_on_disk(emu: GcsEmulator, st: GcsStore, key: str) -> None:
+    """Flip one byte of the stored object behind the emulator's back (bit rot)."""
+    path = emu.object_path(st.bucket_name, st._key(key))
+    with open(path, "r+b") as f:
+        first = f.read(1)
+        f.seek(0)
+        f.write(bytes([first[0] ^ 0xFF]))
+
+
+def test_gcs_corrupted_object_is_detected(gcs_emulator, monkeypatch, tmp_path):  # noqa: F811
+    st = _gcs_store(gcs_emulator, monkeypatch)
+    st.put_bytes("x/data", b"good bytes")
+    big = tmp_path / "big.bin"
+    big.write_bytes(os.urandom(3 * 1024 * 1024 + 7))
+    st.put_file("x/big", big)
+    _damage_on_disk(gcs_emulator, st, "x/data")
+    _damage_on_disk(gcs_emulator, st, "x/big")
+    with pytest.raises(ChecksumMismatch):
+        st.get_bytes("x/data")
+    with pytest.raises(ChecksumMismatch):
+        st.get_bytes("x/big", progress=lambda d, t: None)
+    with pytest.raises(ChecksumMismatch):
+        st.get_file("x/big", tmp_path / "back.bin")
+    assert not (tmp_path / "back.bin").exists()
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".tmp-")] == []
+
+
+def test_gcs_objects_carry_the_stored_crc32c_and_sha256(gcs_emulator, monkeypatch):  # noqa: F811
+    import base64
+
+    import google_crc32c
+    st = _gcs_store(gcs_emulator, monkeypatch)
+    st.put_bytes("k", b"payload")
+    blob = st.bucket.get_blob("root/prefix/k")
+    assert blob.crc32c == base64.b64encode(google_crc32c.Checksum(b"payload").digest()).decode()
+    assert blob.metadata == {"sha256": hashlib.sha256(b"payload").hexdigest()}
+
+
+def test_gcs_put_if_absent_has_exactly_one_winner(gcs_emulator, monkeypatch):  # noqa: F811
+    st = _gcs_store(gcs_emulator, monkeypatch)
+    results: list[bool] = []
+    lock = threading.Lock()
+
+    def create(i: int) -> None:
+        won = st.put_if_absent("lock/owner", f"writer {i}".encode())
+        with lock:
+            results.append(won)
+    threads = [threading.Thread(target=create, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=30)
+    assert sorted(results) == [False] * 7 + [True]
+    assert st.get_bytes("lock/owner").startswith(b"writer ")
+
+
+def test_gcs_reads_fail_when_the_object_is_replaced_midway(gcs_emulator, monkeypatch,
+                                                          tmp_path):  # noqa: F811
+    st = _gcs_store(gcs_emulator, monkeypatch)
+    src = tmp_path / "v1.bin"
+    src.write_bytes(b"1" * (3 * 1024 * 1024))
+    st.put_file("obj", src)
+    replaced: list[bool] = []
+
+    def progress(done: int, total: int) -> None:
+        # After the first 1 MiB range: a new version replaces the one being read.
+        if not replaced:
+            st.put_bytes("obj", b"2" * (3 * 1024 * 1024))
+            replaced.append(True)
+    # GCS answers 404 for the generation being read (ObjectNotFound); the emulator serves the
+    # new version's bytes instead, which the CRC32C of the old one catches. Either way the read
+    # fails and writes nothing: never half of one version and half of the other.
+    with pytest.raises((ObjectNotFound, ChecksumMismatch)):
+        st.get_file("obj", tmp_path / "out.bin", progress=progress)
+    assert not (tmp_path / "out.bin").exists()
+    assert st.get_bytes("obj") == b"2" * (3 * 1024 * 1024)
+
+
+def test_gs_uri_opens_through_the_emulator_env(gcs_emulator, monkeypatch):  # noqa: F811
+    bucket = gcs_emulator.make_bucket("spotrun-uri")
+    for k, v in gcs_emulator.env.items():
+        monkeypatch.setenv(k, v)
+    st = open_store(f"gs://{bucket}/jobs")
+    assert isinstance(st, GcsStore) and st.uri == f"gs://{bucket}/jobs"
+    st.put_bytes("a", b"via uri")
+    assert gcs_emulator.client().bucket(bucket).blob("jobs/a").download_as_bytes() == b"via uri"
+    with pytest.raises(ConfigError, match="gs://bucket/prefix"):
+        open_store("gs:///no-bucket")
+
+
+def test_gcs_uploads_leave_the_jobs_random_stream_alone(gcs_emulator, monkeypatch,  # noqa: F811
+                                                        tmp_path):
+    # A checkpoint is uploaded from the training process: drawing the upload's multipart
+    # boundary from the global `random` stream would change the job's random numbers, and a
+    # resumed run would no longer be bitwise the uninterrupted one.
+    st = _gcs_store(gcs_emulator, monkeypatch)
+    big = tmp_path / "big"
+    big.write_bytes(b"z" * (3 * 1024 * 1024))
+    random.seed(7)
+    expected = [random.random() for _ in range(3)]
+    random.seed(7)
+    st.put_bytes("rng/small", b"x")
+    st.put_if_absent("rng/once", b"y")
+    st.put_file("rng/big", big)
+    assert [random.random() for _ in range(3)] == expected

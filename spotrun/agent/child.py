@@ -31,7 +31,6 @@ from typing import Any, Callable, Mapping
 from spotrun import jobfiles
 from spotrun.agent.clock import parse_iso
 from spotrun.agent.config import AgentConfig
-from spotrun.agent.imds import REBALANCE
 from spotrun.errors import SpotrunError
 
 SHELL_PREFIX = "trap '' USR1\n"
@@ -153,9 +152,9 @@ def record_notice(path: Path, info: Mapping[str, Any], *, seen_wall_s: float, ti
     notice_time = None
     if time_scale != 1.0 and imds is not None:
         try:   # the local market posts the rebalance hint at the notice time
-            raw = imds.get(REBALANCE)
-            notice_time = json.loads(raw).get("noticeTime") if raw else None
-        except (SpotrunError, ValueError, AttributeError):
+            hint = imds.rebalance()
+            notice_time = hint.get("noticeTime") if hint else None
+        except SpotrunError:
             notice_time = None
     end = notice_deadline_unix_s(info, seen_wall_s=seen_wall_s, time_scale=time_scale,
                                  notice_time=notice_time, poll_wall_s=poll_wall_s,

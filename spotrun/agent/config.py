@@ -32,7 +32,10 @@ class AgentConfig:
     total_steps: int | None = None
     checkpoint_interval_s: float | None = None   # wall seconds; None = the library's default
     checkpoint_keep: int = 3
-    imds_endpoint: str = "http://169.254.169.254"
+    imds_endpoint: str = "http://169.254.169.254"   # the instance's metadata service
+    # Whose instance side the agent talks to (a provider name whose facts declare
+    # instance_metadata, set through its agent_extras); "": IMDSv2 at imds_endpoint.
+    instance_side: str = ""
     time_scale: float = 1.0           # market seconds per wall second (local provider)
     # A paced local market (docs/local-provider.md): the agent reports when the job trains,
     # and notices run at notice_time_scale market seconds per wall second.

@@ -27,7 +27,6 @@ from spotrun.store.base import ObjectStore
 log = structlog.get_logger("spotrun.agent")
 
 INSTANCE_ENV = "SPOTRUN_INSTANCE_ID"
-INSTANCE_ID_PATH = "meta-data/instance-id"
 
 
 def claim_key(job_id: str, attempt: int) -> str:
@@ -42,11 +41,12 @@ def fenced_key(job_id: str, attempt: int, instance_id: str) -> str:
 
 
 def instance_identity(environ: Mapping[str, str], imds: Any) -> str:
-    """This machine's instance id: the local market's variable, else IMDS, else the host."""
+    """This machine's instance id: the local market's variable, else the instance's metadata
+    service (spotrun.agent.imds.InstanceMetadata), else the host."""
     if environ.get(INSTANCE_ENV):
         return environ[INSTANCE_ENV]
     try:
-        found = imds.get(INSTANCE_ID_PATH)
+        found = imds.instance_id()
     except SpotrunError:
         found = None
     return found.strip() if found and found.strip() else f"host:{socket.gethostname()}"

@@ -1,4 +1,11 @@
-"""A small IMDSv2 client: session token by PUT, then GETs carrying it.
+"""The agent's view of its instance, and the IMDSv2 client that serves EC2 and the local market.
+
+`InstanceMetadata` is what the agent asks of any instance: the interruption notice (and
+the rebalance hint), whether the guest's shutdown signal is itself a notice, and the
+instance's id. `open_metadata` gives the one the agent's config names: a provider's own
+(`instance_side`, declared in its ProviderFacts.instance_metadata), else IMDSv2.
+
+A small IMDSv2 client: session token by PUT, then GETs carrying it.
 
 AWS serves this at 169.254.169.254; the local market serves the same protocol
 on 127.0.0.1 (SPOTRUN_IMDS_ENDPOINT). urllib keeps the agent free of extra deps.
@@ -20,9 +27,9 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
-from typing import Callable, Mapping
+from typing import Any, Callable, Mapping, Protocol
 
-from spotrun.errors import ProviderError
+from spotrun.errors import ConfigError, ProviderError
 
 TOKEN_PATH = "/latest/api/token"
 TTL_HEADER = "X-aws-ec2-metadata-token-ttl-seconds"
@@ -30,6 +37,7 @@ TOKEN_HEADER = "X-aws-ec2-metadata-token"
 INSTANCE_ACTION = "meta-data/spot/instance-action"
 REBALANCE = "meta-data/events/recommendations/rebalance"
 USER_DATA = "user-data"
+INSTANCE_ID_PATH = "meta-data/instance-id"
 PHASE = "spotrun/phase"   # the local market's extension: the job trains / saved on the notice
 ENDPOINT_ENV = "SPOTRUN_IMDS_ENDPOINT"
 DEFAULT_ENDPOINT = "http://169.254.169.254"
@@ -39,9 +47,59 @@ INSTANCE_ENV = "SPOTRUN_INSTANCE_ID"
 Discover = Callable[[], "str | None"]
 
 
-def endpoint_for(configured: str) -> str:
+class InstanceMetadata(Protocol):
+    """What the agent asks of its instance, whatever the cloud."""
+
+    # The guest's shutdown signal (SIGTERM to the agent) is an interruption notice with this
+    # many seconds before the instance is gone (GCE's ACPI soft-off); None: it is not one.
+    soft_off_notice_s: float | None
+    # interruption() waits for a change itself (a long poll): no pause between polls.
+    blocks_until_change: bool
+
+    def interruption(self) -> dict[str, Any] | None:
+        """The interruption notice ({"action", "time"}) once there is one, else None."""
+
+    def rebalance(self) -> dict[str, Any] | None:
+        """An earlier, softer hint that the instance may go ({"noticeTime"}), else None."""
+
+    def instance_id(self) -> str | None:
+        """This instance's id as its provider names it, or None when it cannot say."""
+
+    def put(self, path: str, body: Mapping[str, object]) -> None:
+        """Report to the metadata service (the local market's phases); ProviderError if it
+        takes no reports."""
+
+
+def parse_notice(body: str) -> dict[str, Any]:
+    """A notice body as a mapping ({"raw": ...} when it is not a JSON object)."""
+    try:
+        obj = json.loads(body)
+    except ValueError:
+        return {"raw": body[:200]}
+    return obj if isinstance(obj, dict) else {"raw": body[:200]}
+
+
+def open_metadata(config: Any, *, environ: Mapping[str, str],
+                  monotonic: Callable[[], float] = time.monotonic) -> InstanceMetadata:
+    """The instance side the agent's config names: its provider's, else IMDSv2."""
+    side = config.instance_side
+    if side:
+        from spotrun.providers.facts import FACTS
+        facts = FACTS.get(side)
+        if facts is None or facts.instance_metadata is None:
+            raise ConfigError(f"no instance side for this provider; allowed: "
+                              f"{', '.join(n for n, f in FACTS.items() if f.instance_metadata)}",
+                              field="user_data.instance_side", value=side)
+        return facts.instance_metadata(config, environ, monotonic)
+    return ImdsClient(endpoint_for(config.imds_endpoint, environ),
+                      token_ttl_s=config.imds_token_ttl_s, monotonic=monotonic,
+                      discover=discovery_from_env(environ))
+
+
+def endpoint_for(configured: str, environ: Mapping[str, str] | None = None) -> str:
     """The IMDS base URL: SPOTRUN_IMDS_ENDPOINT if set, else the configured one."""
-    return (os.environ.get(ENDPOINT_ENV) or configured).rstrip("/")
+    env = os.environ if environ is None else environ
+    return (env.get(ENDPOINT_ENV) or configured).rstrip("/")
 
 
 def discovery_from_env(environ: Mapping[str, str] | None = None) -> Discover | None:
@@ -63,7 +121,10 @@ def discovery_from_env(environ: Mapping[str, str] | None = None) -> Discover | N
 
 
 class ImdsClient:
-    """IMDSv2 GETs with a token that is refreshed before it expires."""
+    """IMDSv2 GETs with a token that is refreshed before it expires (an InstanceMetadata)."""
+
+    soft_off_notice_s: float | None = None   # EC2 notices come through IMDS, not a shutdown
+    blocks_until_change = False
 
     def __init__(self, base_url: str, *, token_ttl_s: int = 21600, timeout_s: float = 1.0,
                  monotonic: Callable[[], float] = time.monotonic,
@@ -141,6 +202,24 @@ class ImdsClient:
                 raise ProviderError(f"IMDS GET {path} failed: {exc}", field="imds",
                                     value=self.base_url) from None
         return None
+
+    def interruption(self) -> dict[str, Any] | None:
+        """The spot instance-action, once EC2 (or the local market) has posted one."""
+        body = self.get(INSTANCE_ACTION)
+        return None if body is None else parse_notice(body)
+
+    def rebalance(self) -> dict[str, Any] | None:
+        """The rebalance recommendation, once posted."""
+        body = self.get(REBALANCE)
+        return None if body is None else parse_notice(body)
+
+    def instance_id(self) -> str | None:
+        """meta-data/instance-id; None when IMDS cannot say."""
+        try:
+            found = self.get(INSTANCE_ID_PATH)
+        except ProviderError:
+            return None
+        return found.strip() if found and found.strip() else None
 
     def put(self, path: str, body: Mapping[str, object]) -> None:
         """PUT JSON to /latest/<path> with the session token (the local market's phase report)."""

@@ -1,19 +1,20 @@
-"""Poll IMDS for the spot interruption notice (and the earlier rebalance hint).
+"""Watch the instance for the interruption notice (and the earlier rebalance hint).
 
 Runs on its own thread so a slow store write never delays the notice: with a
-fast local market, two market minutes can be a couple of wall seconds.
+fast local market, two market minutes can be a couple of wall seconds. The instance
+side (spotrun.agent.imds.InstanceMetadata) is polled: IMDSv2 every interval, or a
+metadata server that blocks until the value changes (GCE's wait_for_change) back to back.
 """
 
 from __future__ import annotations
 
-import json
 import threading
 from typing import Any, Callable
 
 import structlog
 
 from spotrun.agent.config import AgentConfig
-from spotrun.agent.imds import INSTANCE_ACTION, REBALANCE, ImdsClient
+from spotrun.agent.imds import InstanceMetadata
 from spotrun.errors import SpotrunError
 
 log = structlog.get_logger("spotrun.agent")
@@ -28,18 +29,10 @@ def notice_poll_interval_wall_s(config: AgentConfig) -> float:
     return max(MIN_POLL_WALL_S, market_s / max(config.time_scale, 1e-9))
 
 
-def _parse(body: str) -> dict[str, Any]:
-    try:
-        obj = json.loads(body)
-    except ValueError:
-        return {"raw": body[:200]}
-    return obj if isinstance(obj, dict) else {"raw": body[:200]}
-
-
 class NoticeWatcher:
     """Background poller; calls on_notice once for the first instance-action."""
 
-    def __init__(self, imds: ImdsClient, interval_s: float,
+    def __init__(self, imds: InstanceMetadata, interval_s: float,
                  on_notice: Callable[[dict[str, Any]], None],
                  on_rebalance: Callable[[dict[str, Any]], None]) -> None:
         self.imds = imds
@@ -67,16 +60,16 @@ class NoticeWatcher:
         """One poll of both paths; True once the interruption notice has been seen."""
         self.polls += 1
         try:
-            action = self.imds.get(INSTANCE_ACTION)
+            action = self.imds.interruption()
             if action is not None:
                 self.noticed = True
-                self.on_notice(_parse(action))
+                self.on_notice(action)
                 return True
             if not self.rebalance_seen:
-                rebalance = self.imds.get(REBALANCE)
+                rebalance = self.imds.rebalance()
                 if rebalance is not None:
                     self.rebalance_seen = True
-                    self.on_rebalance(_parse(rebalance))
+                    self.on_rebalance(rebalance)
         except SpotrunError as exc:
             self.errors += 1
             # Log the first failure and then every 50th, so a dead IMDS does not flood stderr.
@@ -86,6 +79,10 @@ class NoticeWatcher:
 
     def _run(self) -> None:
         while not self._stop.is_set():
+            errors = self.errors
             if self.poll_once():
                 return
-            self._stop.wait(self.interval_s)
+            # A long poll returns on a change or its own timeout: poll again at once, unless
+            # it failed (then wait, so a dead metadata server is not hammered).
+            if not self.imds.blocks_until_change or self.errors != errors:
+                self._stop.wait(self.interval_s)

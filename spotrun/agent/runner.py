@@ -25,7 +25,7 @@ from spotrun.agent.clock import Clock, SystemClock, iso
 from spotrun.agent.config import AgentConfig
 from spotrun.agent.deadman import DeadmanSwitch
 from spotrun.agent.fence import AttemptFence, GuardedReporter, fenced_key, instance_identity
-from spotrun.agent.imds import PHASE, ImdsClient, discovery_from_env, endpoint_for
+from spotrun.agent.imds import PHASE, InstanceMetadata, open_metadata
 from spotrun.agent.logship import LogShipper, OutputTee
 from spotrun.agent.multinode import MultiNode
 from spotrun.agent.nodes import is_multi_node, signal_marked
@@ -42,6 +42,7 @@ from spotrun.store.base import ObjectStore
 log = structlog.get_logger("spotrun.agent")
 
 TICK_S = 0.1   # longest the loop sleeps; bounds reaction to child exit and signals
+SOFT_OFF_MARGIN_S = 2.0   # left of a soft-off window after the stop's grace (exit, report)
 
 
 class Agent(MultiNode):
@@ -51,7 +52,7 @@ class Agent(MultiNode):
                  store: ObjectStore | None = None, checkpoint_store: ObjectStore | None = None,
                  clock: Clock | None = None, environ: Mapping[str, str] | None = None,
                  secret_clients: ClientFactory | None = None,
-                 imds: ImdsClient | None = None) -> None:
+                 imds: InstanceMetadata | None = None) -> None:
         self.config = config
         self.paths = AgentPaths(Path(workdir).resolve())
         self.store = store or open_store(config.store_uri)
@@ -59,10 +60,9 @@ class Agent(MultiNode):
         self.clock = clock or SystemClock()
         self.environ = dict(os.environ if environ is None else environ)
         self.secret_clients = secret_clients
-        self.imds = imds or ImdsClient(endpoint_for(config.imds_endpoint),
-                                       token_ttl_s=config.imds_token_ttl_s,
-                                       monotonic=self.clock.monotonic,
-                                       discover=discovery_from_env(self.environ))
+        # The instance side the config names (IMDSv2, or a provider's own: GCE metadata).
+        self.imds = imds or open_metadata(config, environ=self.environ,
+                                          monotonic=self.clock.monotonic)
         self.reporter = GuardedReporter(self.store)
         self.fence: AttemptFence | None = None
         self.progress = ProgressReader(self.paths.progress_path)
@@ -205,6 +205,23 @@ class Agent(MultiNode):
 
     def _on_signal(self, signum: int, frame: Any) -> None:
         self._signal_flag = True   # only a flag: the loop does the work
+
+    def _on_stop_signal(self) -> None:
+        """SIGTERM/SIGINT: stop the job. Where the guest's shutdown signal is the interruption
+        notice (GCE's ACPI soft-off), it is one first: save, then stop, inside the window."""
+        window_s = self.imds.soft_off_notice_s
+        if window_s is None or self.stop_reason is not None or self.proc is None:
+            self.begin_stop("signal")
+            return
+        if self._notice is None:
+            self._on_notice({"action": "soft-off",
+                             "time": iso(self.clock.time() + window_s)})
+        if self._save_then_stop is None:
+            # Wait for the notice's save, leaving the stop its grace inside the window.
+            wait_s = max(1.0, window_s - self.config.stop_grace_s - SOFT_OFF_MARGIN_S)
+            self._save_then_stop = ("signal", self.clock.monotonic() + wait_s,
+                                    self._notice_baseline)
+            log.warning("soft_off_notice", window_s=window_s, save_wait_s=wait_s)
 
     def begin_stop(self, reason: str) -> None:
         """SIGTERM the job's group; SIGKILL follows after the grace."""
@@ -358,7 +375,7 @@ class Agent(MultiNode):
         next_beat, next_flush, next_control = now, now + cfg.log_flush_interval_s, now
         while True:
             if self._signal_flag:
-                self.begin_stop("signal")
+                self._on_stop_signal()
             returncode = self.proc.poll()
             if returncode is not None:
                 return returncode

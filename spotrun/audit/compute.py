@@ -103,6 +103,8 @@ class JobAudit:
     id: str
     name: str
     state: str
+    project: str = "default"
+    owner: str = "unknown"
     spot_usd: float = 0.0
     on_demand_usd: float = 0.0
     volume_usd: float = 0.0
@@ -137,6 +139,7 @@ class JobAudit:
         """The JSON view (`spotrun audit --json` element)."""
         return {
             "id": self.id, "name": self.name, "state": self.state,
+            "project": self.project, "owner": self.owner,
             "actual_usd": self.actual_usd, "spot_usd": self.spot_usd,
             "on_demand_usd": self.on_demand_usd, "volume_usd": self.volume_usd,
             "storage_usd": self.storage_usd, "other_usd": self.other_usd,
@@ -224,7 +227,8 @@ def audit_job(s: Session, job: Job, *, since: datetime | None = None,
     """Every figure for one job (rows: its rows as read_rows read them; None: read here)."""
     if rows is None:
         rows = read_rows(s, [job]).get(job.id) or JobRows()
-    out = JobAudit(id=job.id, name=job.name, state=job.state.value, time_scale=time_scale)
+    out = JobAudit(id=job.id, name=job.name, state=job.state.value, project=job.project,
+                   owner=job.owner, time_scale=time_scale)
     ledger = [r for r in rows.spend if _in_window(r.start, since, until)]
     _actuals(out, ledger)
     all_atts = rows.attempts

@@ -1,7 +1,7 @@
 """A finished job's hindsight model: the market it could have used, as far as it is known.
 
 Builds the simulator's SimModel (spotrun.simulate.model) over the job's window so
-`spotrun.policy.optimal` can price the best schedule in hindsight:
+`spotrun.simulate.optimal` can price the best schedule in hindsight:
 
 - pools: the zones of the job's main instance type (the one it ran longest on): every
   zone the market offered when its truth is known, else the zones it ran in or was offered;
@@ -57,7 +57,7 @@ def build_observed_model(s: Session, job: Job, *, od_price: OdPrice,
 
     rows: the job's rows read in bulk (spotrun.db.rows_by_job); None reads them here.
     """
-    from spotrun.policy.market import MarketHistory
+    from spotrun.decide.policy.market import MarketHistory
     from spotrun.simulate.model import SimModel
 
     if rows is None:

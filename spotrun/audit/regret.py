@@ -1,6 +1,6 @@
 """Hindsight regret: what the job's instances cost minus the best schedule in hindsight.
 
-`spotrun.policy.optimal.optimal_costs(model, rows)` solves the optimum for a SimModel;
+`spotrun.simulate.optimal.optimal_costs(model, rows)` solves the optimum for a SimModel;
 a builder registered in `MODEL_FOR_JOB["default"]` turns a finished job into one
 (`spotrun.audit.observed.build_observed_model`). `spotrun audit` registers it with
 `use_observed_model(settings)`: the local provider's market trace as the truth when
@@ -51,13 +51,8 @@ def observed_builder(od_price: Callable[[str], "float | None"],
 
 def use_observed_model(settings: Any) -> None:
     """Register the observed-model builder for these settings (region; local market truth)."""
-    from spotrun.catalog import load_catalog
-    cat = load_catalog("aws")
-
-    def od_price(instance_type: str) -> float | None:
-        t = cat.types.get(instance_type)
-        return t.on_demand_price(settings.region) if t is not None else None
-
+    from spotrun.catalog import od_price_for
+    od_price = od_price_for(settings)   # the provider's catalog, in its pricing region
     from spotrun.providers.facts import facts_for
     truth = facts_for(settings).market_truth(settings)
     MODEL_FOR_JOB["default"] = observed_builder(od_price, truth)
@@ -92,7 +87,7 @@ def hindsight(s: Session, job: Job, rows: JobRows | None = None) -> Hindsight | 
         return None
     import numpy as np
 
-    from spotrun.policy.optimal import optimal_costs
+    from spotrun.simulate.optimal import optimal_costs
     model, row = built
     best = float(optimal_costs(model, np.asarray([row]))[0])
     if not np.isfinite(best):

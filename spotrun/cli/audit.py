@@ -12,6 +12,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
+from spotrun.audit.groups import BY, group_audits
 from spotrun.audit.render import TABLE_COLUMNS, cause_rows, cell, flat, to_csv, totals
 from spotrun.cli.common import echo_json, get_settings, open_state_db
 from spotrun.db import session
@@ -41,9 +42,14 @@ def _parse_time(value: str | None, name: str) -> datetime | None:
               help="Write cumulative spend vs baseline with reclaims marked (PNG).")
 @click.option("--reconcile", "do_reconcile", is_flag=True,
               help="Compare each job's ledger with AWS Cost Explorer (tag spotrun:job).")
+@click.option("--by", type=click.Choice(BY), default=None,
+              help="Sum the figures per project or per owner (with JOBS, --since, --until, "
+                   "--json, --wide or --reconcile).")
 def audit(jobs: tuple[str, ...], since: str | None, until: str | None, as_json: bool,
-          as_csv: bool, wide: bool, plot_file: str | None, do_reconcile: bool) -> None:
-    """Actual spend against the on-demand baseline for JOBS (default: every job).
+          as_csv: bool, wide: bool, plot_file: str | None, do_reconcile: bool,
+          by: str | None) -> None:
+    """Actual spend against the on-demand baseline for JOBS (default: every job), or per
+    project or owner (`--by`).
 
     Every dollar lands in one cause (productive, lost work, startup, restart overhead,
     paid idle, checkpoint stall, node replacement, storage, volumes, other); the causes
@@ -53,8 +59,11 @@ def audit(jobs: tuple[str, ...], since: str | None, until: str | None, as_json: 
     if as_json and as_csv:
         raise BadInputError("give --json or --csv, not both", field="--csv")
     if do_reconcile:
-        _reconcile(list(jobs), as_json, bad=as_csv or plot_file or since or until)
+        _reconcile(list(jobs), as_json, bad=as_csv or plot_file or since or until, by=by)
         return
+    if by and (as_csv or plot_file):
+        raise BadInputError("combines with JOBS, --since, --until, --json, --wide and "
+                            "--reconcile", field="--by", value=by)
     t_since, t_until = _parse_time(since, "--since"), _parse_time(until, "--until")
     if t_since and t_until and t_until <= t_since:
         raise BadInputError("must be after --since", field="--until", value=until)
@@ -62,8 +71,16 @@ def audit(jobs: tuple[str, ...], since: str | None, until: str | None, as_json: 
         raise BadInputError("allowed: a file name ending in .png", field="--plot", value=plot_file)
     from spotrun.ui.views import audit_view
     settings = get_settings()
-    result = audit_view(settings, list(jobs), since=t_since, until=t_until,
+    result = audit_view(settings, list(jobs), since=t_since, until=t_until, hindsight=not by,
                         engine=open_state_db(settings, jobs[0] if jobs else None))
+    if by:
+        from spotrun.cli.audit_by import print_groups
+        groups = group_audits(result, by)
+        if as_json:
+            echo_json([g.to_dict() for g in groups])
+        else:
+            print_groups(Console(), groups, wide)
+        return
     if plot_file:
         from spotrun.audit.plot import plot_audit
         plot_audit(result, plot_file)
@@ -77,10 +94,11 @@ def audit(jobs: tuple[str, ...], since: str | None, until: str | None, as_json: 
             click.echo(f"plot written to {plot_file}", err=True)
 
 
-def _reconcile(refs: list[str], as_json: bool, bad: object) -> None:
-    """Ledger vs Cost Explorer per job (aws provider only)."""
+def _reconcile(refs: list[str], as_json: bool, bad: object, by: str | None = None) -> None:
+    """Ledger vs Cost Explorer per job, or summed per project or owner (aws provider only)."""
     if bad:
-        raise BadInputError("--reconcile takes only JOBS and --json", field="--reconcile")
+        raise BadInputError("--reconcile takes only JOBS, --by and --json",
+                            field="--reconcile")
     settings = get_settings()
     from spotrun.providers.facts import facts_for
     reconcile = facts_for(settings).reconcile
@@ -92,6 +110,14 @@ def _reconcile(refs: list[str], as_json: bool, bad: object) -> None:
     with session(engine) as s:
         jobs = _jobs(s, refs)
         lines = reconcile(settings, s, jobs, utcnow())
+    if by:
+        from spotrun.cli.audit_by import group_reconcile, print_reconcile_groups
+        grouped = group_reconcile(lines, jobs, by)
+        if as_json:
+            echo_json(grouped)
+        else:
+            print_reconcile_groups(Console(), grouped)
+        return
     if as_json:
         echo_json([ln.to_dict() for ln in lines])
         return

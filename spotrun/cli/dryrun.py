@@ -7,7 +7,7 @@ from typing import Any
 
 from rich.console import Console
 
-from spotrun.catalog import load_catalog
+from spotrun.catalog import catalog_for
 from spotrun.cli.marketview import decide_on_market
 from spotrun.cli.tables import Column, print_table
 from spotrun.config import Settings
@@ -18,7 +18,7 @@ from spotrun.providers.base import TAG_ATTEMPT, TAG_JOB, TAG_MANAGED, LaunchRequ
 def dry_run_plan(sub: Submission, settings: Settings) -> dict[str, Any]:
     """What the first launch would do, decided on the market the daemon will see (pure)."""
     from spotrun.daemon.scheduler import AttemptPlan, build_agent_config
-    catalog = load_catalog()
+    catalog = catalog_for(settings)
     spec = sub.spec
     # The same market plan reads (spotrun/cli/marketview.py), so both pick the same pool.
     view, placed = decide_on_market(spec, settings, catalog, list(spec.resources.zones) or None)

@@ -2,7 +2,8 @@
 
 Sends the provider's own spot interruption, notice first, to the instance(s) a job runs on
 now: on the local provider through the market's /admin/interrupt, on AWS through Fault
-Injection Service. The daemon then sees a real reclaim and recovers as it would from one.
+Injection Service, on GCP through simulateMaintenanceEvent (a Spot VM is preempted: soft-off,
+then hard-off 30 s later). The daemon then sees a real reclaim and recovers as from one.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from spotrun.cli.common import echo_json, get_settings, json_option, open_state_
 from spotrun.db import Attempt, attempts_of, find_job, nodes_of, session
 from spotrun.errors import BadInputError, NotFoundError, SpotrunError
 
-DEFAULT_NOTICE_S = 120.0   # AWS's two-minute interruption notice (provider seconds)
+DEFAULT_NOTICE_S = 120.0   # for a provider that declares no notice window (provider seconds)
 
 
 def current_instances(engine: Any, job_ref: str) -> tuple[str, Attempt | None, dict[int, str]]:
@@ -39,15 +40,19 @@ def current_instances(engine: Any, job_ref: str) -> tuple[str, Attempt | None, d
 @click.argument("job_ref")
 @click.option("--node", "node", type=int, default=None,
               help="Interrupt only this node rank (multi-node jobs); default: every node.")
-@click.option("--notice-s", "notice_s", type=float, default=DEFAULT_NOTICE_S, show_default=True,
-              help="Provider-clock seconds from the notice to the reclaim.")
+@click.option("--notice-s", "notice_s", type=float, default=None,
+              help="Provider-clock seconds from the notice to the reclaim [default: the "
+                   "provider's own window: 120 on AWS; GCP's is always 30].")
 @json_option
-def interrupt(job_ref: str, node: int | None, notice_s: float, as_json: bool) -> None:
+def interrupt(job_ref: str, node: int | None, notice_s: float | None, as_json: bool) -> None:
     """Send a spot interruption (notice, then reclaim) to a job's current instance(s)."""
-    if notice_s < 0:
+    if notice_s is not None and notice_s < 0:
         raise BadInputError("allowed: a number of seconds >= 0", field="--notice-s",
                             value=notice_s)
     settings = get_settings()
+    if notice_s is None:
+        from spotrun.providers.facts import facts_for
+        notice_s = facts_for(settings).notice_window_s(settings) or DEFAULT_NOTICE_S
     job_id, att, ranks = current_instances(open_state_db(settings, job_ref), job_ref)
     if not ranks:
         raise NotFoundError("the job runs on no instance now", field="job", value=job_id,

@@ -23,14 +23,19 @@ from spotrun.store.progress import transfer_bar
 @click.argument("spec_file", type=click.Path(dir_okay=False))
 @click.option("--dry-run", is_flag=True, help="Validate and print the launch plan; write nothing.")
 @click.option("--wide", is_flag=True, help="With --dry-run: show every column of the plan.")
+@click.option("--owner", default=None,
+              help="Whose job it is (default: you, the OS user); only where "
+                   "[budgets] allow_owner_override = true.")
 @json_option
-def submit(spec_file: str, dry_run: bool, wide: bool, as_json: bool) -> None:
+def submit(spec_file: str, dry_run: bool, wide: bool, owner: str | None, as_json: bool) -> None:
     """Submit SPEC_FILE (YAML); prints the new job id.
 
-    The daemon (`spotrun daemon`) picks the job up. Bad input exits 2 and writes nothing.
+    The daemon (`spotrun daemon`) picks the job up. Bad input exits 2 and writes nothing;
+    so does a job whose `policy.budget_usd` is more than its project's or owner's budget
+    has left (docs/budgets.md).
     """
     settings = get_settings()
-    sub = validate_submission(spec_file, settings)
+    sub = validate_submission(spec_file, settings, owner=owner)
     for warning in sub.warnings:
         click.echo(f"warning: {warning}", err=True)
     if dry_run:
@@ -53,7 +58,8 @@ def submit(spec_file: str, dry_run: bool, wide: bool, as_json: bool) -> None:
     else:
         job = submit_job(sub, engine)
     if as_json:
-        echo_json({"id": job.id, "name": job.name, "state": job.state.value})
+        echo_json({"id": job.id, "name": job.name, "state": job.state.value,
+                   "project": job.project, "owner": job.owner})
     else:
         click.echo(job.id)
     _say_if_no_daemon(settings, engine)
@@ -105,7 +111,8 @@ def print_jobs(console: Console, data: list[dict[str, Any]], *, wide: bool = Fal
     from spotrun.cli.tables import Column, print_table
     cols = [Column("id", "id"), Column("state", "state"), Column("progress", "progress", 1),
             Column("reclaims", "reclaims", 1, "right"), Column("spend", "spend $", 2, "right"),
-            Column("attempts", "attempts", 3, "right"), Column("current", "current", 4)]
+            Column("attempts", "attempts", 3, "right"), Column("current", "current", 4),
+            Column("project", "project", 5), Column("owner", "owner", 6)]
     rows = []
     from spotrun.daemon.lease import NO_DAEMON
     waiting: list[str] = []
@@ -121,7 +128,8 @@ def print_jobs(console: Console, data: list[dict[str, Any]], *, wide: bool = Fal
                      "reclaims": str(d["reclaims"]), "spend": _money(d.get("spend_usd")),
                      "attempts": str(len(att)),
                      "current": f"{cur['instance_type']} {cur['zone']} {cur['market']}"
-                     if cur else "-"})
+                     if cur else "-", "project": d.get("project") or "-",
+                     "owner": d.get("owner") or "-"})
     print_table(console, "jobs", cols, rows, wide=wide)
     if waiting:
         console.print(waiting[0], soft_wrap=True, highlight=False, markup=False)
@@ -154,7 +162,8 @@ def print_timeline(console: Console, d: dict[str, Any], events: list[dict[str, A
     scale = (d.get("clock") or {}).get("time_scale", 1.0)
     prog = f"{d['step']}/{d['total_steps']}" if d["total_steps"] else str(d["step"])
     console.print(f"[bold]{d['id']}[/bold]  state [bold]{d['state']}[/bold]  step {prog}  "
-                  f"reclaims {d['reclaims']}" + (f"  ({d['reason']})" if d["reason"] else ""),
+                  f"reclaims {d['reclaims']}  project {d.get('project')}  owner "
+                  f"{d.get('owner')}" + (f"  ({d['reason']})" if d["reason"] else ""),
                   soft_wrap=True)
     for w in d.get("warnings", []):
         console.print(f"[yellow]warning[/yellow] {w}")

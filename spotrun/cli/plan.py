@@ -6,7 +6,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from spotrun.catalog import Catalog, load_catalog
+from spotrun.catalog import Catalog, catalog_for
 from spotrun.cli.common import echo_json, get_settings, json_option
 from spotrun.cli.marketview import MarketView, decide_on_market
 from spotrun.cli.tables import Column, print_table
@@ -58,7 +58,7 @@ def plan(spec_files: tuple[str, ...], as_json: bool, zones_opt: tuple[str, ...],
                             hint="the market the daemon reads is the default; --offline "
                                  "alone for the catalog's prices")
     settings = get_settings()
-    catalog = load_catalog()
+    catalog = catalog_for(settings)
     known = known_zones(settings)
     wanted = _zones(zones_opt, known)
     several = len(spec_files) > 1

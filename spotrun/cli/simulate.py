@@ -12,7 +12,7 @@ import click
 
 from spotrun.cli.common import echo_json, json_option
 from spotrun.errors import BadInputError
-from spotrun.policy import ALL_POLICY_NAMES, Mode
+from spotrun.decide.policy import ALL_POLICY_NAMES, Mode
 from spotrun.simulate.model import SimModel, build_model, pick_starts
 from spotrun.simulate.runner import SimResult, run_policies
 from spotrun.traces import load_prices, load_trace

@@ -31,8 +31,12 @@ class CatalogPrices:
         self.region = region
 
     def spot_price(self, instance_type: str, zone: str) -> float | None:
-        """Midpoint of the type's spot snapshot, or None when it has none."""
+        """The region's listed spot price, else the midpoint of the type's spot snapshot, or
+        None when it has neither."""
         t = self.catalog.types.get(instance_type)
+        by_region = (t.extra.get("spot_usd_per_hour") or {}) if t is not None else {}
+        if self.region in by_region:
+            return float(by_region[self.region])   # a catalog that prices each region
         if t is None or t.spot_snapshot_usd_per_hour is None:
             return None
         lo, hi = t.spot_snapshot_usd_per_hour

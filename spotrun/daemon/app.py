@@ -20,13 +20,13 @@ from spotrun.daemon.prices import PriceLoop
 from spotrun.daemon.spend import SpendLoop
 from spotrun.daemon.scheduler import SchedulerLoop
 from spotrun.db import open_settings_db
+from spotrun.ledger.committed import stop_margin_s
 from spotrun.providers import make_provider
 from spotrun.providers.base import Provider
 from spotrun.store import open_store
 from spotrun.store.base import ObjectStore
 
 
-STOP_WALL_S = 3.0   # wall seconds from a budget stop request to the instance gone
 
 
 def configure_logging(level: int = logging.INFO, stream: Any = None) -> None:
@@ -72,7 +72,7 @@ def build_loops(ctx: DaemonContext, *, bounded: bool = False) -> list[Scheduled]
     # that is `time_scale` times more provider seconds of spend to leave room for.
     scale = ctx.time_scale
     loops.append(Scheduled(SpendLoop(ctx.engine, ctx.provider, volume_gb=volume_gb,
-                                     stop_margin_s=max(900.0, STOP_WALL_S * scale)),
+                                     stop_margin_s=stop_margin_s(scale)),
                            d.spend_interval_s))
     loops.append(Scheduled(PriceLoop(ctx.engine, ctx.provider), d.price_interval_s))
     loops.append(Scheduled(NotifyLoop(ctx), ctx.settings.notify.interval_s))

@@ -22,7 +22,7 @@ from typing import Any, Iterable
 from sqlalchemy import case, func
 from sqlmodel import select
 
-from spotrun.catalog import load_catalog
+from spotrun.catalog import catalog_for
 from spotrun.costmodel import DbHistory, JobStats
 from spotrun.costmodel.history import reclaim_records
 from spotrun.costmodel.notice import notice_prior_of
@@ -88,7 +88,7 @@ class PassInputs:
     def __init__(self, ctx: DaemonContext, *, attempts: dict[str, list[Attempt]] | None = None,
                  jobs: dict[str, Job] | None = None, risks: RiskModels | None = None) -> None:
         self.ctx = ctx
-        self.catalog = load_catalog()
+        self.catalog = catalog_for(ctx.settings)   # the provider's own catalog
         self.source = SnapshotSource(ctx.provider, self.catalog.names())
         self.history = PassHistory(ctx.engine, attempts, jobs)
         self.notice = notice_prior_of(facts_for(ctx.settings), ctx.settings)

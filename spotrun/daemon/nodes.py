@@ -22,6 +22,7 @@ from datetime import datetime
 from typing import Any
 
 from spotrun import layout
+from spotrun.budgets.config import TAG_OWNER, TAG_PROJECT
 from spotrun.daemon.context import DaemonContext
 from spotrun.db import Attempt, AttemptNode, Job, add_event, nodes_of, session
 from spotrun.errors import StoreError
@@ -95,7 +96,8 @@ def record_launched(s: Any, node: AttemptNode, info: InstanceInfo) -> None:
 def request_for(att: Attempt, job: Job, pools: list[Pool], user_data: str,
                 max_price: float | None, *, ranks: list[int], token: str) -> LaunchRequest:
     """The launch request of some of an attempt's nodes (the group, or one replacement)."""
-    tags = {TAG_JOB: job.id, TAG_ATTEMPT: str(att.number), TAG_MANAGED: "true"}
+    tags = {TAG_JOB: job.id, TAG_ATTEMPT: str(att.number), TAG_MANAGED: "true",
+            TAG_PROJECT: job.project, TAG_OWNER: job.owner}   # the cloud's bill groups alike
     if len(ranks) == 1:
         tags[TAG_NODE] = str(ranks[0])
     return LaunchRequest(job_id=job.id, attempt_number=att.number, client_token=token,

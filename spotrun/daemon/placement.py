@@ -1,4 +1,4 @@
-"""The daemon side of the shared placement policy (spotrun.policy): one decision per interval.
+"""The daemon side of the shared deadline policy (decide.policy): one decision per interval.
 
 For a job with a deadline (and `policy.market: auto`) the scheduler asks, once per decision
 interval of the provider clock, the same policy code `spotrun simulate` runs:
@@ -30,9 +30,9 @@ from spotrun.db import Attempt, Job, add_event, attempts_of, session
 from spotrun.decide import Candidate
 from spotrun.decide.deadline import (DEFAULT_TICK_S, market_rows, policy_places, policy_step,
                                      policy_target, work_seconds)
+from spotrun.decide.policy import (POLICIES, Decision, JobProgress, MarketHistory, Mode, Policy,
+                                   make_policy)
 from spotrun.errors import ConfigError
-from spotrun.policy import POLICIES, Decision, JobProgress, MarketHistory, Mode, Policy, \
-    make_policy
 from spotrun.providers.base import Pool
 from spotrun.spec import JobSpec, job_spec
 from spotrun.states import AttemptState, EndReason, Market

@@ -21,6 +21,8 @@ from sqlmodel import select
 
 
 from spotrun.agent.config import AgentConfig
+from spotrun.budgets.config import TAG_OWNER, TAG_PROJECT
+from spotrun.budgets.guard import ScopeGuard
 from spotrun.config import Settings
 from spotrun.daemon.context import DaemonContext
 from spotrun.daemon.decision import Decisions, PassInputs, RiskModels, placement_for
@@ -68,6 +70,7 @@ class SchedulerLoop:
         self.placer = PolicyPlacer(ctx)
         self.decisions = Decisions()
         self.risks = RiskModels()
+        self.scopes = ScopeGuard(ctx)   # project and owner budgets (spotrun.budgets)
         # job id -> ((spec_json, deadline_at), spec as stored, spec with the provider deadline)
         self._specs: dict[str, tuple[tuple[str, datetime | None], JobSpec, JobSpec]] = {}
 
@@ -75,6 +78,7 @@ class SchedulerLoop:
         """One scheduling pass: every job and its attempts in two reads, the market read
         once, and a decision only for a job whose inputs changed (daemon/decision.py)."""
         self._finish_pending_launches()
+        self.scopes.pass_start(now)   # one read of every budget, when [budgets] names any
         started = self.ctx.clock.monotonic() if self.pass_budget_s is not None else 0.0
         with session(self.ctx.engine) as s:
             jobs = list(s.exec(select(Job).where(Job.state.in_(PLACED))
@@ -200,6 +204,14 @@ class SchedulerLoop:
                 waits.append((job.id, why, job.reason is None
                               or reason_kind(job.reason) != reason_kind(why)))
             return
+        nodes = self._spec(job).resources.nodes
+        why = self.scopes.wait_reason(job, placed.candidates[0].price_usd_per_hour, nodes)
+        if why is not None:
+            self._no_capacity_until[job.id] = now + timedelta(seconds=RETRY_AFTER_NO_CAPACITY_S)
+            if job.reason != why:
+                waits.append((job.id, why, job.reason is None
+                              or reason_kind(job.reason) != reason_kind(why)))
+            return
         self._start_attempt(job, attempts, placed.candidates[:MAX_CANDIDATES], now)
 
     def _record_waits(self, waits: list[Wait]) -> None:
@@ -250,6 +262,13 @@ class SchedulerLoop:
         with session(self.ctx.engine) as s:
             if not _still_launchable(s, job.id, now):
                 return   # cancelled (or moved on) since this tick read it: no intent
+            # A project or owner budget: checked in the intent's own transaction, so two
+            # passes (or daemons) never spend the same room twice.
+            over = self.scopes.check_in(s, job, price, spec.resources.nodes)
+            if over is not None:
+                s.rollback()
+                self._wait(job, now, over)
+                return
             s.add(attempt)
             j = s.get(Job, job.id)
             move_job(j, JobState.STARTING)
@@ -265,6 +284,7 @@ class SchedulerLoop:
                       + (f", {spec.resources.nodes_text()} nodes" if multi else ""),
                       attempt_id=attempt.id)
             s.commit()
+        self.scopes.launched(job, price, spec.resources.nodes)
         self._launch(job, attempt, pools, now)
 
     def _finish_pending_launches(self) -> None:
@@ -309,7 +329,8 @@ class SchedulerLoop:
         request = LaunchRequest(
             job_id=job.id, attempt_number=attempt.number, client_token=attempt.client_token,
             candidates=tuple(pools), user_data=self.agent_config(job, attempt).to_json(),
-            tags={TAG_JOB: job.id, TAG_ATTEMPT: str(attempt.number), TAG_MANAGED: "true"},
+            tags={TAG_JOB: job.id, TAG_ATTEMPT: str(attempt.number), TAG_MANAGED: "true",
+                  TAG_PROJECT: job.project, TAG_OWNER: job.owner},
             max_price_usd_per_hour=self._specs_of(job)[0].policy.max_price_usd_per_hour)
         plan = self.ctx.provider.plan_launch(request)
         try:
@@ -433,15 +454,24 @@ class SchedulerLoop:
 
 
 def _still_launchable(s: Any, job_id: str, now: datetime) -> bool:
-    """Lock the job's row if it is still live and not being cancelled (one conditional update).
+    """Lock the job's row if it is still live and not being cancelled (a conditional update),
+    and say whether it still needs an intent (no attempt of it is launching or running).
 
     `spotrun cancel` ends a never-launched job with the mirror-image update, so of an intent
-    and an immediate cancel racing, exactly one wins; the loser changes nothing.
+    and an immediate cancel racing, exactly one wins; the loser changes nothing. Of two passes
+    racing to launch one job (two daemons' schedulers), the second finds the first's intent.
     """
     res = s.execute(update(Job).where(Job.id == job_id, Job.state.in_(PLACED),
                                       Job.cancel_requested == False)  # noqa: E712
                     .values(updated_at=now).execution_options(synchronize_session=False))
-    return res.rowcount == 1
+    if res.rowcount != 1:
+        return False
+    # The row is ours until commit; an intent another pass committed before is visible now
+    # (a statement after the lock: PostgreSQL's read-committed snapshot is taken per statement).
+    live = sa_select(Attempt.id).where(
+        Attempt.job_id == job_id,
+        Attempt.state.in_([AttemptState.LAUNCHING, AttemptState.RUNNING])).exists()
+    return not s.execute(sa_select(live)).scalar()
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ from spotrun.daemon.lease import Lease, LeaseKeeper, wait_for_lease
 from spotrun.errors import SpotrunError
 
 # Read by the loops on every tick (or at a runner restart): safe to change while running.
-RELOADABLE = ("daemon", "agent")
+RELOADABLE = ("daemon", "agent", "budgets")
 
 
 class _Flags:

@@ -13,18 +13,19 @@ from datetime import datetime
 from typing import Any
 
 import structlog
-from sqlalchemy import String, cast, func, literal, or_
+from sqlalchemy import String, cast, literal, or_
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import IntegrityError, OperationalError
 from sqlmodel import select
 
 from spotrun.daemon.nodes import is_multi
-from spotrun.db import Attempt, AttemptNode, Job, LedgerMark, SpendEntry, session, utcnow
+from spotrun.db import Attempt, AttemptNode, Job, LedgerMark, session, utcnow
 from spotrun.errors import SpotrunError
 from spotrun.ledger.booking import BookingConflict, book_attempt, instance_times
 from spotrun.ledger.budget import budget_check, job_budget_usd, request_budget_stop
+from spotrun.ledger.committed import committed_by_attempt
 from spotrun.ledger.intervals import seconds_between
-from spotrun.ledger.rules import BillingRules, SpendKind
+from spotrun.ledger.rules import BillingRules
 from spotrun.providers.facts import rules_for
 from spotrun.ledger.storage import StoreOpener, book_storage, measure_job_storage, storage_key
 from spotrun.providers.base import InstanceInfo, Provider
@@ -264,30 +265,11 @@ class SpendLoop:
     def _expected_usd(self, s: Any, by_job: dict[str, list[Attempt]], pnow: datetime
                       ) -> dict[str, float]:
         """Per job: the cost of its running attempts from their watermark until they can be
-        stopped, read in two queries whatever the number of jobs."""
-        ids = [a.id for atts in by_job.values() for a in atts]
-        marks = {m.key: m for m in s.exec(select(LedgerMark).where(
-            LedgerMark.key.in_([f"attempt:{i}" for i in ids])))}
-        last_end = (select(SpendEntry.attempt_id, func.max(SpendEntry.end).label("end"))
-                    .where(SpendEntry.attempt_id.in_(ids),
-                           SpendEntry.kind == SpendKind.COMPUTE.value)
-                    .group_by(SpendEntry.attempt_id).subquery())
-        prices = {aid: price for aid, price in s.exec(
-            select(SpendEntry.attempt_id, SpendEntry.price_usd_per_hour)
-            .join(last_end, (SpendEntry.attempt_id == last_end.c.attempt_id)
-                  & (SpendEntry.end == last_end.c.end))
-            .where(SpendEntry.kind == SpendKind.COMPUTE.value))}
-        out: dict[str, float] = {}
-        for job_id, atts in by_job.items():
-            total = 0.0
-            for a in atts:
-                mark = marks.get(f"attempt:{a.id}")
-                since = mark.booked_until if mark is not None else a.started_at
-                price = prices.get(a.id, a.price_usd_per_hour)
-                secs = max(seconds_between(since, pnow), 0.0) + self.stop_margin_s
-                total += secs / 3600.0 * price * max(a.nodes or 1, 1)   # every node bills
-            out[job_id] = total
-        return out
+        stopped (spotrun.ledger.committed, shared with project and owner budgets), read in
+        two queries whatever the number of jobs."""
+        per = committed_by_attempt(s, [a for atts in by_job.values() for a in atts], pnow,
+                                   self.stop_margin_s)
+        return {job_id: sum(per.get(a.id, 0.0) for a in atts) for job_id, atts in by_job.items()}
 
 
 def node_key(node_id: int | None) -> str:

@@ -1,4 +1,4 @@
-"""Deadline jobs: the shared policy (spotrun.policy) picks market and zone for the ranked type.
+"""Deadline jobs: the shared policy (decide.policy) picks market and zone for the ranked type.
 
 Pure pieces used by the daemon's placer (one decision per interval, with the market it
 recorded) and by the dry-run (the first decision, on a one-row market): so both put the
@@ -10,14 +10,14 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 from datetime import datetime
-from typing import Any
 
 import numpy as np
 
 from spotrun.decide.market import MarketSnapshot
+from spotrun.decide.policy import (Decision, JobProgress, MarketHistory, Mode, make_policy,
+                                   policy_step)
 from spotrun.decide.rank import Candidate
 from spotrun.errors import SpotrunError
-from spotrun.policy import Decision, JobProgress, MarketHistory, Mode, make_policy
 from spotrun.spec import JobSpec
 from spotrun.states import Market, MarketPolicy
 
@@ -128,17 +128,5 @@ def first_decision(spec: JobSpec, ranked: list[Candidate], market: MarketSnapsho
     return decision, policy_target(decision, itype, mine)
 
 
-def policy_step(policy: Any, progress: JobProgress, view: Any, *, field: str = "policy"
-                ) -> Decision:
-    """The one place a deadline decision is taken, by the daemon's placer and the simulator.
-
-    The policy sees the job's progress and the market up to now; a spot decision must name a
-    pool that is available now (a policy that breaks this is a bug, reported as such).
-    """
-    d = policy.decide(progress, view)
-    if d.mode is Mode.SPOT:
-        pools = view.pools
-        if d.pool not in pools or not view.up_now()[pools.index(d.pool)]:
-            raise SpotrunError(f"policy {getattr(policy, 'name', policy)!r} chose unavailable "
-                               f"pool {d.pool!r}", field=field)
-    return d
+__all__ = ["DEFAULT_TICK_S", "deadline_on_provider_clock", "first_decision", "market_rows",
+           "one_row_history", "policy_places", "policy_step", "policy_target", "work_seconds"]

@@ -40,8 +40,9 @@ def live_market(settings: Settings, catalog: Catalog, zones: list[str] | None
 
 
 def offline_market(settings: Settings, catalog: Catalog, zones: list[str]) -> MarketSnapshot:
-    """The packaged catalog's prices in the provider's zones."""
-    return catalog_snapshot(catalog, settings.region, zones, datetime.now(timezone.utc))
+    """The packaged catalog's prices in the provider's zones (in its pricing region)."""
+    region = facts_for(settings).price_region(settings)
+    return catalog_snapshot(catalog, region, zones, datetime.now(timezone.utc))
 
 
 def decide_for_cli(spec: JobSpec, settings: Settings, catalog: Catalog, market: MarketSnapshot,

@@ -21,6 +21,7 @@ ON_DEMAND_NEEDS_DEADLINE = "on_demand_needs_deadline"
 DEADLINE_POLICY = "deadline_policy"
 UNSUPPORTED = "unsupported"
 NO_POOL = "no_pool"
+BUDGET = "budget"           # a project or owner budget has no room (spotrun.budgets)
 
 # Whole-reason texts (spotrun.decide.core.wait_reason, decide.from_settings and the
 # scheduler's launch refusals), first match wins.
@@ -33,6 +34,7 @@ _WHOLE: list[tuple[re.Pattern[str], str]] = [
     (re.compile(r"^the deadline policy \S+ waits"), DEADLINE_POLICY),
     (re.compile(r"^no spot pool can take the job now and on-demand"), ON_DEMAND_NEEDS_DEADLINE),
     (re.compile(r"^no pool can take the job( now)?$"), NO_POOL),
+    (re.compile(r"^budget (project|owner) \S+: "), BUDGET),
 ]
 # One pool's rejection (spotrun.decide.rank); wait_reason joins up to three with "; ".
 _PART: list[tuple[re.Pattern[str], str]] = [

@@ -55,7 +55,13 @@ def from_events(s: Session, after_id: int) -> tuple[list[Alert], int]:
         job = s.get(Job, ev.job_id)
         if job is None:
             continue
-        if event == "budget_100":
+        if event == "budget_100" and job.budget_stop_scope:
+            # A project or owner budget stopped it (spotrun.notify.scopes alerts the budget).
+            scope, _, period = job.budget_stop_scope.partition("@")
+            out.append(Alert(f"budget_100:{job.id}:{job.budget_stop_scope}", event, job.id,
+                             f"spotrun: job {job.id} stopped: budget "
+                             f"{scope.replace(':', ' ', 1)} reached ({period}): {ev.detail}"))
+        elif event == "budget_100":
             budget = _budget_of(job)
             out.append(Alert(f"budget_100:{job.id}:{budget}", event, job.id,
                              f"spotrun: job {job.id} stopped at its budget "
@@ -95,7 +101,7 @@ def from_budgets(s: Session, warn_fraction: float) -> list[Alert]:
 
 def from_deadlines(s: Session, provider_now: datetime, changeover_s: float) -> list[Alert]:
     """Deadline jobs the policy's own estimate says can no longer make it (slack < 0)."""
-    from spotrun.policy import JobProgress
+    from spotrun.decide.policy import JobProgress
     out = []
     for job in s.exec(select(Job).where(Job.deadline_at.is_not(None))):
         if job.state.is_terminal() or not job.total_steps:

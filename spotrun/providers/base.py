@@ -213,6 +213,16 @@ class ProviderFacts:
     # The job's directory on an instance, the same absolute path on every attempt (frameworks
     # record absolute paths): a template with {job_id} and {node_rank}; None: <agent dir>/job.
     job_dir: Callable[[Any], str | None] = lambda st: None
+    # The packaged catalog its instance types come from (spotrun/data/catalog/<catalog>.yaml,
+    # read through spotrun.catalog.catalog_for), and the region whose catalog prices apply.
+    catalog: str = "aws"
+    price_region: Callable[[Any], str] = lambda st: st.region
+    # The instance side, for an agent whose config names this provider (`instance_side`, set
+    # through agent_extras): (agent config, environ, monotonic clock) -> the agent's view of
+    # its instance (spotrun.agent.imds.InstanceMetadata: the interruption notice, whether the
+    # guest's shutdown signal is one, the instance id). None: the IMDSv2 protocol at the
+    # config's imds_endpoint (EC2, and the local market that imitates it).
+    instance_metadata: Callable[..., Any] | None = None
 
 
 class MarketTruth(Protocol):

@@ -11,10 +11,10 @@ from typing import Any
 
 from spotrun.errors import ConfigError
 from spotrun.ledger.rules import BillingRules
-from spotrun.providers import aws, local
+from spotrun.providers import aws, gcp, local
 from spotrun.providers.base import ProviderFacts
 
-FACTS: dict[str, ProviderFacts] = {f.name: f for f in (local.FACTS, aws.FACTS)}
+FACTS: dict[str, ProviderFacts] = {f.name: f for f in (local.FACTS, aws.FACTS, gcp.FACTS)}
 
 
 def facts_for(settings: Any) -> ProviderFacts:

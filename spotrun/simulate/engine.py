@@ -1,83 +1,25 @@
 """One simulated run: a policy driven tick by tick over a trace window.
 
-Per tick: if the job is on a spot pool that is down now, that is a reclaim (the tick
-is lost and unpaid; the policy is asked again next tick). Otherwise the policy
-decides; a decision other than the current placement is a launch and pays the
-changeover (at the new price) before work progresses. Progress survives reclaims.
+The rules live with the policies (spotrun.decide.policy.replay), because the `spotrun`
+policy's shadow runs replay its candidates by the very same rules: a reclaim loses its tick
+unpaid, every launch or move pays the changeover at the new price, progress survives
+reclaims.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
-from spotrun.decide.deadline import policy_step
-from spotrun.policy.base import Decision, IDLE, JobProgress, Mode, Policy
+from spotrun.decide.policy.base import IDLE, Decision, JobProgress, Policy
+from spotrun.decide.policy.replay import RunResult, replay
 from spotrun.simulate.model import SimModel
 
-
-@dataclass
-class RunResult:
-    """Outcome of one run of one policy."""
-
-    start_row: int
-    cost_usd: float
-    deadline_met: bool
-    ticks_used: int
-    reclaims: int = 0
-    launches: int = 0
-    decisions: list[Decision] = field(default_factory=list)
+__all__ = ["RunResult", "ScheduledPolicy", "run_policy"]
 
 
 def run_policy(model: SimModel, policy: Policy, start_row: int, *,
                record: bool = False) -> RunResult:
     """Drive policy over the window starting at start_row; record=True keeps decisions."""
-    h = model.history
-    up, price = h.up, h.price
-    od = h.od_price_usd_per_hour
-    tick_s = model.tick_s
-    W, D, C = model.work_ticks, model.deadline_ticks, model.changeover_ticks
-    pool_index = {p: j for j, p in enumerate(h.pools)}
-    work_total_s, changeover_s = W * tick_s, C * tick_s
-    done = tau = reclaims = launches = 0
-    mode, pool, j, c_left = Mode.IDLE, None, -1, 0
-    cost_hours_usd = 0.0
-    decisions: list[Decision] = []
-    while tau < D and done < W:
-        t = start_row + tau
-        if mode is Mode.SPOT and not up[t, j]:
-            reclaims += 1
-            mode, pool, j, c_left = Mode.IDLE, None, -1, 0
-            if record:
-                decisions.append(IDLE)
-            tau += 1
-            continue
-        job = JobProgress(work_total_s=work_total_s, work_done_s=done * tick_s,
-                          time_left_s=(D - tau) * tick_s, elapsed_s=tau * tick_s,
-                          changeover_s=changeover_s, tick_s=tick_s, mode=mode, pool=pool,
-                          changeover_left_s=c_left * tick_s)
-        d = policy_step(policy, job, h.view(t))   # the daemon's placer takes the same step
-        if record:
-            decisions.append(d)
-        if d.mode is Mode.IDLE:
-            mode, pool, j, c_left = Mode.IDLE, None, -1, 0
-            tau += 1
-            continue
-        if d.mode is not mode or d.pool != pool:
-            if d.mode is Mode.SPOT:
-                j = pool_index[d.pool]  # type: ignore[index]  # available: policy_step checked
-            else:
-                j = -1
-            mode, pool, c_left = d.mode, d.pool, C
-            launches += 1
-        cost_hours_usd += od if mode is Mode.ON_DEMAND else price[t, j]
-        if c_left > 0:
-            c_left -= 1
-        else:
-            done += 1
-        tau += 1
-    return RunResult(start_row=start_row, cost_usd=cost_hours_usd * model.tick_h,
-                     deadline_met=done >= W, ticks_used=tau, reclaims=reclaims,
-                     launches=launches, decisions=decisions)
+    return replay(model.history, policy, start_row, model.work_ticks, model.deadline_ticks,
+                  model.changeover_ticks, record=record)
 
 
 class ScheduledPolicy:

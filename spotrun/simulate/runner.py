@@ -12,9 +12,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from spotrun.errors import SpotrunError
-from spotrun.policy import OPTIMAL, make_policy
-from spotrun.policy.base import Decision
-from spotrun.policy.optimal import optimal_costs, optimal_schedule
+from spotrun.decide.policy import OPTIMAL, make_policy
+from spotrun.decide.policy.base import Decision
+from spotrun.simulate.optimal import optimal_costs, optimal_schedule
 from spotrun.simulate.engine import ScheduledPolicy, run_policy
 from spotrun.simulate.model import SimModel
 

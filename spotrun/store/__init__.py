@@ -21,11 +21,21 @@ def _s3(uri: str) -> ObjectStore:
     return S3Store.from_uri(uri)
 
 
-STORES: dict[str, StoreFactory] = {"file": _file, "s3": _s3}
+def _gs(uri: str) -> ObjectStore:
+    try:
+        from spotrun.store.gcs import GcsStore  # google-cloud-storage only when asked for
+    except ImportError as exc:
+        raise ConfigError(f"the gs:// store needs google-cloud-storage ({exc.name or exc})",
+                          field="store_uri", value=uri,
+                          hint="pip install 'spotrun[gcp]'") from None
+    return GcsStore.from_uri(uri)
+
+
+STORES: dict[str, StoreFactory] = {"file": _file, "s3": _s3, "gs": _gs}
 
 
 def open_store(uri: str) -> ObjectStore:
-    """The store for uri (`file:///abs/path` or `s3://bucket/prefix`)."""
+    """The store for uri (`file:///abs/path`, `s3://bucket/prefix` or `gs://bucket/prefix`)."""
     scheme = urlparse(uri).scheme
     factory = STORES.get(scheme)
     if factory is None:

@@ -7,7 +7,8 @@ same view function as the matching CLI --json (spotrun.ui.views).
 
 Routes: `/` and `/job/<id>` (the page), `/static/<file>`, `/api/status[/<id>]`
 (= `spotrun status [JOB] --json`), `/api/audit[/<id>]` (= `spotrun audit [JOB] --json`),
-`/api/page/<id>` (the job page's data), `/metrics` (Prometheus), `/healthz`.
+`/api/page/<id>` (the job page's data), `/api/budgets` (= `spotrun budgets --json`),
+`/metrics` (Prometheus), `/healthz`.
 On an address other than loopback a token is required (`Authorization: Bearer T`, or
 `?token=T` once, which sets a cookie).
 """
@@ -85,6 +86,10 @@ class Dashboard:
         ids = [self.status(ref)["id"]] if ref else None
         return [a.to_dict() for a in self._audits(ids, hindsight)]
 
+    def budgets(self) -> list[dict]:
+        """= `spotrun budgets --json`: spend against each project and owner budget."""
+        return views.budgets_view(self.settings, engine=self.engine)
+
     def page(self, ref: str) -> dict:
         """The job page's data."""
         st = self.status(ref)
@@ -107,6 +112,7 @@ ROUTES: list[Route] = [
     (re.compile(r"^/api/audit/?$"), lambda d, m: ("json", d.audit())),
     (re.compile(r"^/api/audit/([^/]+)$"), lambda d, m: ("json", d.audit(m[1]))),
     (re.compile(r"^/api/page/([^/]+)$"), lambda d, m: ("json", d.page(m[1]))),
+    (re.compile(r"^/api/budgets/?$"), lambda d, m: ("json", d.budgets())),
     (re.compile(r"^/metrics$"), lambda d, m: ("metrics", d.metrics())),
     (re.compile(r"^/healthz$"), lambda d, m: ("text", "ok\n")),
     (re.compile(r"^/(?:job/[^/]+)?$"), lambda d, m: ("static", "index.html")),

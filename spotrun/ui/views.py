@@ -8,6 +8,7 @@ store's reports; they never call a cloud.
 
 from __future__ import annotations
 
+from collections import Counter
 from datetime import datetime
 from typing import Any, Callable
 
@@ -141,10 +142,13 @@ def job_dict(job: Job, attempts: list[Attempt], *, reports: Reports | None = Non
     budget = job.budget_usd
     return {
         "id": job.id, "name": job.name, "state": job.state.value,
+        "project": job.project, "owner": job.owner,
+        # Set when a project or owner budget stopped the job: "<scope>:<name>@<period>".
+        "budget_stop_scope": job.budget_stop_scope,
         "created_at_wall": job.created_at, "updated_at_wall": job.updated_at,
         "step": job.last_step, "total_steps": job.total_steps,
         "progress": (job.last_step / job.total_steps) if job.total_steps else None,
-        "cancel_requested": job.cancel_requested, "reason": job.reason,
+        "cancel_requested": job.cancel_requested, "reason": _reason(job),
         "budget_usd": budget, "spend_usd": spend_usd,
         "budget_headroom_usd": (budget - spend_usd) if budget is not None
         and spend_usd is not None else None,
@@ -158,6 +162,14 @@ def job_dict(job: Job, attempts: list[Attempt], *, reports: Reports | None = Non
     }
 
 
+def _reason(job: Job) -> str | None:
+    """The job's reason; a budget stop names the project or owner budget behind it."""
+    if job.budget_stop_scope and job.reason == "budget reached":
+        key, _, period = job.budget_stop_scope.partition("@")
+        return f"budget {key.replace(':', ' ', 1)} reached ({period})"
+    return job.reason
+
+
 def reclaims_of(attempts: list[Attempt]) -> int:
     """How many of these attempts the provider reclaimed (`status`'s `reclaims`)."""
     return sum(1 for a in attempts if a.end_reason is not None
@@ -165,6 +177,8 @@ def reclaims_of(attempts: list[Attempt]) -> int:
 
 
 def _spec_deadline(job: Job) -> datetime | None:
+    if '"deadline"' not in (job.spec_json or ""):
+        return None   # most jobs have none: no need to parse their spec (status of 1,000 jobs)
     raw = (job.spec.get("policy") or {}).get("deadline")
     if not raw:
         return None
@@ -233,6 +247,39 @@ def status_view(settings: Any, ref: str | None = None, *, events: bool = False,
     return data[0] if ref else data
 
 
+def budgets_view(settings: Any, *, engine: Any = None, now: datetime | None = None
+                 ) -> list[dict[str, Any]]:
+    """`spotrun budgets --json`: every project and owner budget with what it has spent this
+    period, committed and left (docs/budgets.md); the provider's clock (now: a reading of
+    it) picks the period."""
+    from spotrun.budgets.standing import read_standing
+    from spotrun.ledger.committed import stop_margin_s
+    if not settings.budgets.configured():
+        return []
+    engine = engine or open_settings_db(settings)
+    with session(engine) as s:
+        standing = read_standing(s, settings.budgets, now or provider_now(settings),
+                                 stop_margin_s(time_scale(settings)))
+        waiting = Counter(_scope_hits(settings, s.exec(
+            select(Job.project, Job.owner).where(Job.state.in_(WAITS_FOR_DAEMON)))))
+        stopped = Counter(mark.partition("@")[0] for mark in s.exec(
+            select(Job.budget_stop_scope).where(Job.budget_stop_scope.is_not(None))))
+    out = []
+    for st in standing:
+        d = st.to_dict()
+        d["queued_jobs"] = waiting.get(st.key, 0)
+        d["stopped_jobs"] = stopped.get(st.key, 0)
+        out.append(d)
+    return out
+
+
+def _scope_hits(settings: Any, pairs: Any) -> list[str]:
+    """The budget keys each (project, owner) pair spends from, flattened."""
+    from spotrun.budgets.config import scope_key
+    return [scope_key(sc, n) for project, owner in pairs
+            for sc, n, _ in settings.budgets.of_job(project, owner)]
+
+
 def job_summaries(settings: Any, *, engine: Any = None) -> list[dict[str, Any]]:
     """Each job's id, state, reclaims and checkpoint_uri, as `status_view` gives them: what
     /metrics needs of the status, read without the agents' reports (two queries)."""
@@ -252,7 +299,7 @@ def audit_view(settings: Any, refs: list[str] | None = None, *, since: datetime 
     Job rows, already read, instead of refs."""
     from spotrun.audit import audit_jobs
     from spotrun.audit.regret import MODEL_FOR_JOB, use_observed_model
-    from spotrun.catalog import catalog_od_price
+    from spotrun.catalog import od_price_for
     # The hindsight builder is a module-level hook: set it for this call only, then restore.
     saved = MODEL_FOR_JOB.pop("default", None)
     try:
@@ -262,7 +309,7 @@ def audit_view(settings: Any, refs: list[str] | None = None, *, since: datetime 
         reports = reports or Reports()
         with session(engine) as s:
             return audit_jobs(s, list(refs or []), since=since, until=until,
-                              od_price=catalog_od_price(settings.region),
+                              od_price=od_price_for(settings),
                               final_step=reports.final_step, time_scale=time_scale(settings),
                               jobs=jobs)
     finally:

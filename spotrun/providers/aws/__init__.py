@@ -63,4 +63,4 @@ FACTS = ProviderFacts(
     # "Spot Instance interruption notices"). AWS publishes no rate of missed notices: 0.9 says
     # "usually", and the job's own reclaims correct it (costmodel/notice.py).
     notice_window_s=lambda st: 120.0, notice_prior=0.9,
-    job_dir=lambda st: JOB_DIR)
+    job_dir=lambda st: JOB_DIR, catalog="aws")

@@ -69,4 +69,5 @@ FACTS = ProviderFacts(
     notice_window_s=lambda st: float(st.local.notice_s), notice_prior=0.99,
     # Every local instance shares this machine's disk: one folder per job and node, outside
     # the instances' own folders, so an attempt finds the path the last one used.
-    job_dir=lambda st: str(st.home_path / "market" / "jobs" / "{job_id}" / "node-{node_rank}"))
+    job_dir=lambda st: str(st.home_path / "market" / "jobs" / "{job_id}" / "node-{node_rank}"),
+    catalog="aws")   # the market replays AWS traces of AWS types

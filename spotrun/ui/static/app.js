@@ -1,4 +1,4 @@
-// spotrun dashboard: reads /api/status, /api/audit and /api/page/<id> (the CLI's --json views).
+// spotrun dashboard: reads /api/status, /api/audit, /api/budgets and /api/page/<id> (the CLI's --json views).
 "use strict";
 window.spotrun = { spendChart: null, page: null };
 const POLL_MS = 2000;
@@ -24,8 +24,26 @@ function setClock(clock) {
     ? "times: market clock (up to x" + clock.time_scale + " the wall)" : "times: provider clock";
 }
 
+// Spend against each project and owner budget (= spotrun budgets --json); nothing without [budgets].
+function budgetTable(budgets) {
+  if (!budgets.length) return "";
+  const rows = budgets.map((b) => {
+    const used = Math.min(Math.max(b.used_fraction, 0), 1);
+    return `<tr data-budget="${esc(b.scope + ":" + b.name)}"><td class="l">${esc(b.scope)} ${esc(b.name)}</td>
+      <td class="l">${esc(b.period === "total" ? "total" : b.period_key)}</td><td>${usd(b.budget_usd)}</td>
+      <td class="spent">${usd(b.spent_usd)}</td><td>${usd(b.committed_usd)}</td>
+      <td class="${b.left_usd < 0 ? "state-failed" : ""}">${usd(b.left_usd)}</td>
+      <td><span class="bar"><span style="width:${Math.round(used * 100)}%"></span></span> ${pct(b.used_fraction)}</td>
+      <td>${b.running_jobs.length}</td><td>${b.queued_jobs}</td></tr>`;
+  }).join("");
+  return `<h1>budgets</h1><table id="budgets"><thead><tr><th class="l">budget</th><th class="l">period</th>
+    <th>budget $</th><th>spent $</th><th>committed $</th><th>left $</th><th>used</th><th>running</th><th>queued</th>
+    </tr></thead><tbody>${rows}</tbody></table>`;
+}
+
 async function jobList() {
-  const [jobs, audits] = await Promise.all([getJSON("/api/status"), getJSON("/api/audit")]);
+  const [jobs, audits, budgets] = await Promise.all([getJSON("/api/status"), getJSON("/api/audit"),
+                                                      getJSON("/api/budgets")]);
   const byId = Object.fromEntries(audits.map((a) => [a.id, a]));
   if (jobs.length) setClock(jobs[0].clock);
   const rows = jobs.map((j) => {
@@ -33,6 +51,7 @@ async function jobList() {
     const prog = j.total_steps ? j.step / j.total_steps : null;
     return `<tr data-job="${esc(j.id)}"><td class="l"><a href="/job/${encodeURIComponent(j.id)}">${esc(j.id)}</a></td>
       <td class="l state-${esc(j.state)}">${esc(j.state)}</td>
+      <td class="l">${esc(j.project)}</td><td class="l">${esc(j.owner)}</td>
       <td><span class="bar"><span style="width:${prog == null ? 0 : Math.round(prog * 100)}%"></span></span>
         ${j.total_steps ? j.step + "/" + j.total_steps : j.step}</td>
       <td>${usd(a.actual_usd)}</td><td>${usd(a.baseline_on_demand_usd)}</td>
@@ -41,8 +60,9 @@ async function jobList() {
       <td>${j.budget_headroom_usd == null ? "-" : usd(j.budget_headroom_usd)}</td></tr>`;
   }).join("");
   const app = document.getElementById("app");
-  app.replaceChildren($(`<h1>jobs</h1>
-    <table id="jobs"><thead><tr><th class="l">job</th><th class="l">state</th><th>progress</th>
+  app.replaceChildren($(`${budgetTable(budgets)}<h1>jobs</h1>
+    <table id="jobs"><thead><tr><th class="l">job</th><th class="l">state</th><th class="l">project</th>
+    <th class="l">owner</th><th>progress</th>
     <th>spend $</th><th>baseline $</th><th>saved $</th><th>reclaims</th>
     <th>deadline left</th><th>budget left $</th></tr></thead><tbody>${rows}</tbody></table>
     ${jobs.length ? "" : '<p class="dim">no jobs yet: spotrun submit job.yaml</p>'}`));
@@ -145,6 +165,8 @@ async function jobPage(id) {
   const app = document.getElementById("app");
   app.replaceChildren($(`<h1 id="job-id" class="mono">${esc(st.id)}</h1>
     <div><span class="card">state<b class="state-${esc(st.state)}" id="job-state">${esc(st.state)}</b></span>
+    <span class="card">project<b id="job-project">${esc(st.project)}</b></span>
+    <span class="card">owner<b id="job-owner">${esc(st.owner)}</b></span>
     <span class="card">progress<b>${st.total_steps ? st.step + "/" + st.total_steps : st.step}</b></span>
     <span class="card">spend<b id="job-spend">$${usd(a.actual_usd)}</b></span>
     <span class="card">on-demand baseline<b>$${usd(a.baseline_on_demand_usd)}</b></span>

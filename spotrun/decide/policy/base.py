@@ -12,15 +12,20 @@ feasible whatever the spot market does next: that is what guarantees deadlines.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from enum import Enum
-from typing import TYPE_CHECKING, NamedTuple, Protocol
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
+
+from spotrun.errors import SpotrunError
 
 if TYPE_CHECKING:
-    from spotrun.policy.market import MarketView
+    from spotrun.decide.policy.market import MarketView
 
 # Float slack when comparing seconds that are sums of whole ticks.
 _EPS_S = 1e-6
+# Guards ceil/floor of seconds over ticks against float noise (as simulate.model rounds).
+_ROUND_EPS = 1e-9
 
 
 class Mode(str, Enum):
@@ -95,6 +100,14 @@ class Policy(Protocol):
         ...
 
 
+def job_shape(job: JobProgress) -> tuple[int, int, int]:
+    """(work, deadline, changeover) in ticks, rounded as the simulator rounds hours."""
+    tick = job.tick_s
+    return (max(1, math.ceil(job.work_total_s / tick - _ROUND_EPS)),
+            max(1, math.floor(job.deadline_s / tick + _ROUND_EPS)),
+            max(0, math.floor(job.changeover_s / tick + 0.5)))
+
+
 def spot_is_safe(job: JobProgress, pool: str) -> bool:
     """True when running spot in pool this interval leaves on-demand able to finish in time.
 
@@ -137,3 +150,19 @@ class SafePolicy:
         if job.remaining_s <= _EPS_S:
             return IDLE
         return safety_net(job, self.choose(job, market))
+
+
+def policy_step(policy: Any, progress: JobProgress, view: "MarketView", *,
+                field: str = "policy") -> Decision:
+    """The one place a deadline decision is taken, by the daemon's placer and the simulator.
+
+    The policy sees the job's progress and the market up to now; a spot decision must name a
+    pool that is available now (a policy that breaks this is a bug, reported as such).
+    """
+    d = policy.decide(progress, view)
+    if d.mode is Mode.SPOT:
+        pools = view.pools
+        if d.pool not in pools or not view.up_now()[pools.index(d.pool)]:
+            raise SpotrunError(f"policy {getattr(policy, 'name', policy)!r} chose unavailable "
+                               f"pool {d.pool!r}", field=field)
+    return d

@@ -51,8 +51,12 @@ class MarketHistory:
     """Availability and prices of every pool, ticks 0..n-1, with causal statistics."""
 
     def __init__(self, pools: list[str], up: np.ndarray, price_usd_per_hour: np.ndarray,
-                 od_price_usd_per_hour: float, tick_s: float) -> None:
+                 od_price_usd_per_hour: float, tick_s: float,
+                 mtbf_prior_h: list[float] | None = None) -> None:
         self.pools = list(pools)
+        # The provider's prior mean hours between reclaims per pool (its risk data), weighed
+        # by policies as one pseudo-reclaim; None: they use the packaged pooled figure.
+        self.mtbf_prior_h = None if mtbf_prior_h is None else [float(x) for x in mtbf_prior_h]
         self.up = np.ascontiguousarray(up, dtype=bool)
         self.price = np.ascontiguousarray(price_usd_per_hour, dtype=np.float64)
         self.od_price_usd_per_hour = float(od_price_usd_per_hour)
@@ -69,9 +73,20 @@ class MarketHistory:
         self.up_rows: list[list[bool]] = self.up.tolist()
         self.price_rows: list[list[float]] = self.price.tolist()
         self._down_end_lists = [r.down_ends.tolist() for r in self.runs]
+        self._some_up: tuple[np.ndarray, np.ndarray] | None = None
 
     def __len__(self) -> int:
         return len(self.up)
+
+    def some_up(self) -> tuple[np.ndarray, np.ndarray]:
+        """(bool [n]: some pool up at each tick, int [n]: how long that state has lasted).
+
+        Causal like every statistic here; computed on first use.
+        """
+        if self._some_up is None:
+            x = self.up.any(axis=1)
+            self._some_up = (x, _run_ages(x[:, None])[:, 0])
+        return self._some_up
 
     def view(self, now: int) -> "MarketView":
         """The market as known at tick now."""
@@ -83,7 +98,7 @@ class MarketHistory:
         """A new history with one more observed tick (the daemon's way to grow it)."""
         return MarketHistory(self.pools, np.vstack([self.up, up_row[None, :]]),
                              np.vstack([self.price, price_row[None, :]]),
-                             self.od_price_usd_per_hour, self.tick_s)
+                             self.od_price_usd_per_hour, self.tick_s, self.mtbf_prior_h)
 
 
 class MarketView:

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from spotrun.policy.base import Decision, IDLE, Mode, ON_DEMAND
+from spotrun.decide.policy.base import Decision, IDLE, Mode, ON_DEMAND
 
 if TYPE_CHECKING:
     from spotrun.simulate.model import SimModel

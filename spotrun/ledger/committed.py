@@ -1,0 +1,63 @@
+"""Committed spend: what a live attempt will still cost before it can be stopped.
+
+The spend loop's notion, shared by job budgets (spotrun.daemon.spend) and project/owner
+budgets (spotrun.budgets): from the attempt's ledger watermark (else its launch) to now,
+plus `stop_margin_s` for the save and the terminate, at its last booked price (else the
+launch price), for every node. An intent not launched yet commits the margin alone.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Sequence
+
+from sqlalchemy import func
+from sqlmodel import select
+
+from spotrun.db import Attempt, LedgerMark, SpendEntry
+from spotrun.ledger.intervals import seconds_between
+from spotrun.ledger.rules import SpendKind
+
+STOP_WALL_S = 3.0   # wall seconds from a budget stop request to the instance gone
+MIN_STOP_MARGIN_S = 900.0
+
+
+def stop_margin_s(time_scale: float) -> float:
+    """Provider seconds of spend a budget leaves for stopping a job (the daemon's spend loop
+    is built with it): 15 minutes, or the stop's wall seconds on an accelerated market."""
+    return max(MIN_STOP_MARGIN_S, STOP_WALL_S * time_scale)
+
+
+def launch_commitment_usd(price_usd_per_hour: float, nodes: int, margin_s: float) -> float:
+    """What a launch commits the moment its intent is written: the stop margin, every node."""
+    return margin_s / 3600.0 * price_usd_per_hour * max(nodes or 1, 1)
+
+
+def committed_by_attempt(s: Any, attempts: Sequence[Attempt], now: datetime,
+                         margin_s: float) -> dict[int, float]:
+    """Per attempt id: its committed USD at provider time `now`, in two queries whatever the
+    number of attempts (their marks, then their last compute rows' prices)."""
+    ids = [a.id for a in attempts if a.id is not None]
+    if not ids:
+        return {}
+    marks = {m.key: m for m in s.exec(select(LedgerMark).where(
+        LedgerMark.key.in_([f"attempt:{i}" for i in ids])))}
+    last_end = (select(SpendEntry.attempt_id, func.max(SpendEntry.end).label("end"))
+                .where(SpendEntry.attempt_id.in_(ids),
+                       SpendEntry.kind == SpendKind.COMPUTE.value)
+                .group_by(SpendEntry.attempt_id).subquery())
+    prices = {aid: price for aid, price in s.exec(
+        select(SpendEntry.attempt_id, SpendEntry.price_usd_per_hour)
+        .join(last_end, (SpendEntry.attempt_id == last_end.c.attempt_id)
+              & (SpendEntry.end == last_end.c.end))
+        .where(SpendEntry.kind == SpendKind.COMPUTE.value))}
+    out: dict[int, float] = {}
+    for a in attempts:
+        if a.id is None:
+            continue
+        mark = marks.get(f"attempt:{a.id}")
+        since = mark.booked_until if mark is not None else a.started_at
+        unbooked_s = max(seconds_between(since, now), 0.0) if since is not None else 0.0
+        price = prices.get(a.id, a.price_usd_per_hour)
+        out[a.id] = (unbooked_s + margin_s) / 3600.0 * price * max(a.nodes or 1, 1)
+    return out

@@ -1,0 +1,122 @@
+"""The instance side's start: the VM's metadata and the startup script that boots the agent.
+
+A Compute Engine VM runs the `startup-script` metadata value as root at boot (the guest
+environment's google-startup-scripts service). The agent's config (AgentConfig JSON)
+travels in its own metadata key, `spotrun-agent-config`; the script copies it to
+/etc/spotrun/agent.json (mode 0600), installs spotrun in a venv and starts the agent unit.
+The config gets `shutdown_command` = power off, so an attempt that ended ends its VM too:
+GCE then shows it TERMINATED (stopped), and the provider deletes it on sight (its disk would
+bill on). The unit stops the agent alone on a shutdown (KillMode=mixed): on a preemption the
+ACPI soft-off reaches it as SIGTERM, which the agent takes as the interruption notice (it
+asks the job to save, then stops it) inside GCP's 30 s window.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from typing import Any, Iterable
+
+from spotrun.errors import ConfigError, ProviderError
+
+AGENT_CONFIG_KEY = "spotrun-agent-config"     # instance metadata: the AgentConfig JSON
+TOKEN_KEY = "spotrun-client-token"            # instance metadata: the attempt's client token
+AGENT_CONFIG_PATH = "/etc/spotrun/agent.json"
+UNIT_PATH = "/etc/systemd/system/spotrun-agent.service"
+VENV = "/opt/spotrun"
+SHUTDOWN_COMMAND = "shutdown -h now"
+# GCE takes 256 KB per metadata value and 512 KB in all (Compute Engine docs, "About VM
+# metadata", limits); the config is far smaller, secrets travel as references.
+MAX_METADATA_VALUE_BYTES = 256 * 1024
+
+AGENT_UNIT = """\
+[Unit]
+Description=spotrun agent: runs one training attempt, watches for Spot VM preemption
+Wants=network-online.target
+After=network-online.target google-startup-scripts.service
+
+[Service]
+Type=simple
+# Root: when the attempt ends the agent powers the VM off (shutdown_command).
+StateDirectory=spotrun
+WorkingDirectory=/var/lib/spotrun
+ExecStart=/opt/spotrun/bin/spotrun agent --user-data /etc/spotrun/agent.json --dir /var/lib/spotrun
+# A failed command is the daemon's to rerun (a new attempt): restart only an agent that died.
+Restart=on-abnormal
+RestartSec=5
+# On a shutdown (a preemption's ACPI soft-off) SIGTERM goes to the agent alone: it asks the
+# job to save and then stops it. Whatever is left is killed at the end of GCP's 30 s window.
+KillMode=mixed
+TimeoutStopSec=30
+Environment=PYTHONUNBUFFERED=1
+
+[Install]
+WantedBy=multi-user.target
+"""
+
+_SCRIPT = """\
+#!/bin/bash
+# spotrun: boot the agent of one attempt (run as root by GCE at boot).
+set -euo pipefail
+MD=http://metadata.google.internal/computeMetadata/v1/instance/attributes
+install -d -m 0755 /etc/spotrun
+if [ ! -s {config} ]; then
+  curl -sSf -H 'Metadata-Flavor: Google' "$MD/{key}" -o {config}.tmp
+  chmod 0600 {config}.tmp
+  mv {config}.tmp {config}
+fi
+if [ ! -x {venv}/bin/spotrun ]; then
+  python3 -m venv {venv}
+  {venv}/bin/pip install --quiet {install}
+fi
+cat > {unit} <<'UNIT'
+{unit_text}UNIT
+systemctl daemon-reload
+systemctl enable --now spotrun-agent.service
+"""
+
+
+def render_startup_script(*, spotrun_install: str = "spotrun") -> str:
+    """The startup script (the same for every attempt: the config is its own metadata key)."""
+    if not spotrun_install.strip():
+        raise ConfigError("must name a pip requirement", field="gcp.spotrun_install",
+                          value=spotrun_install)
+    return _SCRIPT.format(config=AGENT_CONFIG_PATH, key=AGENT_CONFIG_KEY, venv=VENV,
+                          install=shlex.quote(spotrun_install), unit=UNIT_PATH,
+                          unit_text=AGENT_UNIT)
+
+
+def with_shutdown_command(agent_json: str) -> str:
+    """The agent config with `shutdown_command` = power off unless one is set; checked to fit."""
+    try:
+        cfg = json.loads(agent_json)
+    except ValueError:
+        raise ProviderError("the agent config is not JSON", field="user_data") from None
+    if not isinstance(cfg, dict):
+        raise ProviderError("the agent config is not a JSON object", field="user_data")
+    if not cfg.get("shutdown_command"):
+        cfg["shutdown_command"] = SHUTDOWN_COMMAND
+        agent_json = json.dumps(cfg, sort_keys=True)
+    if len(agent_json.encode()) > MAX_METADATA_VALUE_BYTES:
+        raise ProviderError(f"the agent config is {len(agent_json.encode())} bytes; GCE metadata "
+                            "values hold 256 KB", field="user_data",
+                            hint="pass large env values as secrets")
+    return agent_json
+
+
+def metadata_value(items: Iterable[Any], key: str) -> str | None:
+    """One key's value among an instance's metadata items (dicts or the client's objects)."""
+    for item in items:
+        k = item.get("key") if isinstance(item, dict) else item.key
+        if k == key:
+            return str(item.get("value") if isinstance(item, dict) else item.value)
+    return None
+
+
+def agent_json_from_metadata(items: Iterable[Any]) -> str:
+    """The AgentConfig JSON a VM's metadata carries (the test harness reads it as the VM)."""
+    value = metadata_value(items, AGENT_CONFIG_KEY)
+    if value is None:
+        raise ProviderError("no agent config in the instance metadata", field="metadata",
+                            value=AGENT_CONFIG_KEY)
+    return value

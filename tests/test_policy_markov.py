@@ -1,0 +1,165 @@
+"""The `markov` candidate: a plan solved on a model of the market seen so far, per refit."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+
+from spotrun.decide.policy import JobProgress, Mode, make_policy
+from spotrun.decide.policy import markov as mk
+from spotrun.decide.policy import markov_dp as dp
+from spotrun.decide.policy.market import MarketHistory
+from spotrun.simulate.engine import run_policy
+from spotrun.simulate.model import SimModel, build_model, pick_starts
+from spotrun.simulate.synthetic import regime_change_market
+
+TICK_S = 300.0
+
+
+def model_of(up: np.ndarray, work: int, deadline: int, changeover: int, price: float = 1.0,
+             od: float = 3.0, prior_h: list[float] | None = None) -> SimModel:
+    """One or more pools (columns of up), flat prices, 300 s ticks."""
+    up = np.asarray(up, dtype=bool).reshape(len(up), -1)
+    h = MarketHistory([f"p{j}" for j in range(up.shape[1])], up,
+                      np.full(up.shape, price), od, TICK_S, prior_h)
+    return SimModel(history=h, tick_values=np.arange(len(up)), work_ticks=work,
+                    deadline_ticks=deadline, changeover_ticks=changeover)
+
+
+def test_an_always_up_market_is_planned_as_one_spot_launch():
+    m = model_of(np.ones(200), work=40, deadline=60, changeover=2)
+    r = run_policy(m, make_policy("markov"), 100, record=True)
+    assert r.deadline_met and r.launches == 1 and r.reclaims == 0
+    assert r.cost_usd == pytest.approx((40 + 2) * TICK_S / 3600.0 * 1.0)
+    assert all(d.mode is Mode.SPOT for d in r.decisions)
+
+
+def test_with_spot_gone_for_good_it_runs_on_demand_and_meets_the_deadline():
+    # spot was up and flapping, then never comes back: the plan bridges on on-demand
+    col = np.concatenate([np.tile([1] * 6 + [0] * 6, 20), np.zeros(200)])
+    m = model_of(col, work=30, deadline=45, changeover=2)
+    r = run_policy(m, make_policy("markov"), 240, record=True)
+    assert r.deadline_met
+    first_od = next(i for i, d in enumerate(r.decisions) if d.mode is Mode.ON_DEMAND)
+    # the plan leaves waiting before the safety net would have to (slack 13 ticks)
+    assert first_od < 45 - 30 - 2
+
+
+def test_the_fit_weighs_the_providers_prior_as_one_pseudo_reclaim():
+    # one observed tick of history: the reclaim rate is the prior's, 1 / MTBF
+    one = MarketHistory(["p0"], np.ones((1, 1), dtype=bool), np.ones((1, 1)), 3.0, TICK_S,
+                        [2.0])
+    chain = mk.fit(one, 0, (10, 20, 2), 1)
+    assert 1.0 - chain.spot[0, 0] == pytest.approx(1.0 / (2.0 * 3600.0 / TICK_S))
+    # without the provider's figure: the packaged priors' pooled one
+    bare = MarketHistory(["p0"], np.ones((1, 1), dtype=bool), np.ones((1, 1)), 3.0, TICK_S)
+    chain = mk.fit(bare, 0, (10, 20, 2), 1)
+    expect = 1.0 / (mk.packaged_mtbf_h() * 3600.0 / TICK_S)
+    assert 1.0 - chain.spot[0, 0] == pytest.approx(expect)
+    assert 1.0 < mk.packaged_mtbf_h() < 10.0
+
+
+def test_the_fit_reads_only_rows_up_to_the_refit():
+    rng = np.random.default_rng(3)
+    col = rng.random(400) < 0.7
+    a = model_of(col, 20, 40, 2).history
+    b = model_of(np.concatenate([col[:201], ~col[201:]]), 20, 40, 2).history
+    ca, cb = mk.fit(a, 200, (20, 40, 2), 1), mk.fit(b, 200, (20, 40, 2), 1)
+    assert np.array_equal(ca.market, cb.market) and np.array_equal(ca.spot, cb.spot)
+    assert not np.array_equal(mk.fit(a, 300, (20, 40, 2), 1).market,
+                              mk.fit(b, 300, (20, 40, 2), 1).market)
+
+
+def test_a_restarted_policy_on_a_daemon_grown_history_decides_the_same():
+    trace, prices = regime_change_market(seed=4)
+    m = build_model(trace, prices, spot_price_usd_per_hour=None, od_price_usd_per_hour=3.0,
+                    work_hours=4.0, deadline_hours=6.0, changeover_hours=0.2)
+    start = 3580
+    ref = run_policy(m, make_policy("markov"), start, record=True)
+    h = m.history
+    grown = MarketHistory(h.pools, h.up[:start + 1], h.price[:start + 1],
+                          h.od_price_usd_per_hour, h.tick_s)
+    continuing = make_policy("markov")
+    W, D, C = m.work_ticks, m.deadline_ticks, m.changeover_ticks
+    done, mode, pool, c_left = 0, Mode.IDLE, None, 0
+    for tau, d in enumerate(ref.decisions):
+        t = start + tau
+        if tau > 0:
+            grown = grown.extended(h.up[t], h.price[t])
+        if mode is Mode.SPOT and not h.up[t, h.pools.index(pool)]:
+            mode, pool, c_left = Mode.IDLE, None, 0
+            continue
+        job = JobProgress(work_total_s=W * h.tick_s, work_done_s=done * h.tick_s,
+                          time_left_s=(D - tau) * h.tick_s, elapsed_s=tau * h.tick_s,
+                          changeover_s=C * h.tick_s, tick_s=h.tick_s, mode=mode, pool=pool,
+                          changeover_left_s=c_left * h.tick_s)
+        assert continuing.decide(job, grown.view(t)) == d
+        assert make_policy("markov").decide(job, grown.view(t)) == d    # a restarted daemon
+        if d.mode is Mode.IDLE:
+            mode, pool, c_left = Mode.IDLE, None, 0
+            continue
+        if (d.mode, d.pool) != (mode, pool):
+            mode, pool, c_left = d.mode, d.pool, C
+        if c_left > 0:
+            c_left -= 1
+        else:
+            done += 1
+    assert ref.deadline_met
+
+
+def test_the_table_matches_the_plan_it_was_solved_from():
+    """Spot always up, cheap: launch spot from idle and stay; never up: on-demand."""
+    up = dp.Chain(market=np.array([[0.0, 1.0], [0.0, 1.0]]), spot=np.array([[1.0]]),
+                  after_reclaim=np.array([0.0, 1.0]), od_usd=3.0, spot_usd=1.0,
+                  od_launch_usd=6.0, spot_launch_usd=2.0)
+    t = dp.solve(20, 40, 2, up, 1)
+    idle_up = dp.decision_state("idle", True, 0, t.buckets)
+    on_spot = dp.decision_state("spot", True, 0, t.buckets)
+    assert t.action(idle_up, 40, 20) == dp.SPOT
+    assert t.action(on_spot, 30, 15) == dp.SPOT
+    assert t.action(idle_up, 21, 20) == dp.ON_DEMAND          # past reach: on-demand
+    # an outage that ends with probability 0.2 a tick, then spot for good: wait with slack
+    back = dp.Chain(market=np.array([[0.8, 0.2], [0.0, 1.0]]), spot=np.array([[1.0]]),
+                    after_reclaim=np.array([0.0, 1.0]), od_usd=3.0, spot_usd=1.0,
+                    od_launch_usd=6.0, spot_launch_usd=2.0)
+    t = dp.solve(20, 40, 2, back, 1)
+    idle_down = dp.decision_state("idle", False, 0, t.buckets)
+    assert t.action(idle_down, 40, 20) == dp.WAIT
+    assert t.action(idle_down, 22, 20) == dp.ON_DEMAND        # no slack left to wait
+    # never back: waiting buys nothing, so the tie goes to progress (on-demand now)
+    never = dp.Chain(market=np.array([[1.0, 0.0], [1.0, 0.0]]), spot=np.array([[0.0]]),
+                     after_reclaim=np.array([1.0, 0.0]), od_usd=3.0, spot_usd=1.0,
+                     od_launch_usd=6.0, spot_launch_usd=2.0)
+    assert dp.solve(20, 40, 2, never, 1).action(idle_down, 40, 20) == dp.ON_DEMAND
+
+
+def test_a_long_job_is_planned_on_a_coarse_grid_fast_and_small():
+    """48 h of work, 5 x deadline, 300 s ticks: one solve is well under a second."""
+    trace, prices = regime_change_market(seed=0)
+    m = build_model(trace, prices, spot_price_usd_per_hour=None, od_price_usd_per_hour=3.06,
+                    work_hours=48.0, deadline_hours=240.0, changeover_hours=0.2)
+    shape = (m.work_ticks, m.deadline_ticks, m.changeover_ticks)
+    assert dp.step_ticks(m.deadline_ticks, m.changeover_ticks) == 2
+    t0 = time.process_time()
+    table = mk.table_for(m.history, 3600, shape)
+    assert time.process_time() - t0 < 2.0
+    assert table.time_steps <= dp.MAX_STEPS * 2 and table.nbytes < 4 * 1024 * 1024
+
+
+@pytest.mark.parametrize("pools,work_h,factor", [(1, 8.0, 1.5), (None, 8.0, 1.25),
+                                                 (2, 48.0, 1.5)])
+def test_on_the_regime_change_family_it_beats_the_better_rule(pools, work_h, factor):
+    trace, prices = regime_change_market(seed=0)
+    chosen = trace.pools if pools is None else [trace.pools[pools]]
+    m = build_model(trace.select(chosen), prices, spot_price_usd_per_hour=None,
+                    od_price_usd_per_hour=3.06, work_hours=work_h,
+                    deadline_hours=work_h * factor, changeover_hours=0.2)
+    rows = pick_starts(m, starts=8, seed=5, t0=None)
+    mean = {}
+    for name in ("greedy", "uniform-progress", "markov"):
+        runs = [run_policy(m, make_policy(name), int(r)) for r in rows]
+        assert all(r.deadline_met for r in runs), name
+        mean[name] = float(np.mean([r.cost_usd for r in runs]))
+    assert mean["markov"] < min(mean["greedy"], mean["uniform-progress"])
