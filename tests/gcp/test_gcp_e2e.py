@@ -20,6 +20,7 @@ from typing import Iterator
 
 import pytest
 from sqlmodel import select
+from daemon_helpers import all_booked
 from test_e2e_local import _sha, finished, job_log, running_attempt, wait_for
 
 from spotrun import layout
@@ -125,8 +126,9 @@ def test_preempted_in_its_30_s_window_resumes_from_gs_bitwise_and_books_gcp(refe
     assert machine.exited_at - machine.soft_off_at < PREEMPTION_WINDOW_S
 
     done = finished(ctx, job.id)
+    # The daemon books each VM's last seconds once it is gone (a stopped runner runs no loop).
+    wait_for(lambda: all_booked(ctx.engine), 60, "every VM's ledger closed")
     runner.stop(wait=True)
-    runner.run_once()   # book the last seconds
     assert done.state is JobState.SUCCEEDED, done.reason
     assert not host.errors, host.errors
     with session(ctx.engine) as s:
