@@ -62,9 +62,10 @@ class Runner:
         self.errors = 0
         self._errors_lock = threading.Lock()
 
-    def run_tick(self, item: Scheduled) -> None:
-        """One tick of item's loop, timed; an exception is logged and counted, not raised."""
-        if self._stop.is_set():
+    def run_tick(self, item: Scheduled, *, after_stop: bool = False) -> None:
+        """One tick of item's loop, timed; an exception is logged and counted, not raised.
+        A stopped runner's threads tick no more; `run_once` still does (`after_stop`)."""
+        if self._stop.is_set() and not after_stop:
             return
         loop = item.loop
         started = self.health.begin(loop.name)
@@ -90,9 +91,10 @@ class Runner:
         self.health.anchor({item.loop.name: item.interval_s for item in self.loops})
 
     def run_once(self) -> None:
-        """Run every loop once, in order, on the calling thread."""
+        """Run every loop once, in order, on the calling thread (also after stop: a last
+        pass that books the final seconds)."""
         for item in self.loops:
-            self.run_tick(item)
+            self.run_tick(item, after_stop=True)
 
     def start(self) -> None:
         """Start the loops in the background: one thread each, first pass at once."""
