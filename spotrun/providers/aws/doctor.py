@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
-from enum import Enum
 from typing import Any, Callable
 from urllib.parse import urlparse
 
 from spotrun.aws_clients import RetryPolicy, error_code, make_client
 from spotrun.catalog import load_catalog
 from spotrun.errors import ConfigError
+from spotrun.providers.checks import Check, Status
 from spotrun.providers.aws.launch import LaunchConfig
 
 # Service Quotas codes of the spot vCPU limits, per instance family (first letters).
@@ -20,29 +19,6 @@ SPOT_QUOTAS = {
     "p5": ("L-C4BD4855", "All P5 Spot Instance Requests"),
 }
 GPU_AMI_WORDS = ("deep learning", "gpu", "nvidia", "cuda", "neuron")
-
-
-class Status(str, Enum):
-    """Outcome of one check."""
-
-    OK = "ok"
-    FIX = "fix"
-    UNKNOWN = "could-not-check"
-
-
-@dataclass(frozen=True)
-class Check:
-    """One line of the report."""
-
-    name: str
-    status: Status
-    detail: str
-
-    def to_dict(self) -> dict[str, str]:
-        """JSON-able."""
-        d = asdict(self)
-        d["status"] = self.status.value
-        return d
 
 
 def _family(instance_type: str) -> str:

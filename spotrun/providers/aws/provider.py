@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 import re
-from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any, Callable
 
@@ -23,6 +22,7 @@ from spotrun.providers.aws.launch import (TAG_TOKEN, LaunchConfig, build_calls, 
                                          ec2_error)
 from spotrun.providers.aws.prices import SpotPrices
 from spotrun.providers.aws.risk import AdvisorFeed, AwsRisk
+from spotrun.providers.capacity import CapacityFailure, pools_cooling, record_capacity
 from spotrun.providers.base import (TAG_JOB, TAG_MANAGED, InstanceInfo, LaunchPlan,
                                     LaunchRequest, PricePoint)
 from spotrun.states import InstanceState, Market, TerminationCause
@@ -43,15 +43,6 @@ _RECLAIM_REQUEST_CODES = ("instance-terminated-by-price", "instance-terminated-n
                           "instance-terminated-by-experiment")
 _REASON_TIME = re.compile(r"\((\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2}) (?:GMT|UTC)\)")
 _NOT_FOUND = ("InvalidInstanceID.NotFound", "InvalidInstanceID.Malformed")
-
-
-@dataclass(frozen=True)
-class CapacityFailure:
-    """One pool that refused a launch."""
-
-    pool: str
-    code: str
-    at: datetime
 
 
 def _utcnow() -> datetime:
@@ -171,14 +162,10 @@ class AwsProvider(GroupActs):
 
     def pools_cooling(self) -> set[str]:
         """Pool keys that refused capacity within the cooldown (for the scheduler)."""
-        now = self.now()
-        return {f.pool for f in self.capacity_failures
-                if (now - f.at).total_seconds() < self.capacity_cooldown_s}
+        return pools_cooling(self.capacity_failures, self.now(), self.capacity_cooldown_s)
 
     def _record_capacity(self, pool: str, code: str) -> None:
-        log.info("no capacity in %s: %s", pool, code)
-        self.capacity_failures.append(CapacityFailure(pool=pool, code=code, at=self.now()))
-        del self.capacity_failures[:-500]
+        record_capacity(self.capacity_failures, pool, code, self.now())
 
     def launch(self, plan: LaunchPlan) -> InstanceInfo:
         """Try the calls in order; the first instance started wins."""

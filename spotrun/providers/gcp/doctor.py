@@ -9,41 +9,17 @@ GPU quota for Spot VMs in the region: Spot VMs use the region's preemptible GPU 
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
-from enum import Enum
 from typing import Any, Callable
 
 from spotrun.catalog import load_catalog
 from spotrun.errors import ConfigError
+from spotrun.providers.checks import Check, Status
 from spotrun.providers.gcp.ops import Clients, error_code
 
 # Accelerator type -> the GPU name in its quota metrics.
 QUOTA_GPU = {"nvidia-tesla-a100": "A100", "nvidia-a100-80gb": "A100_80GB",
              "nvidia-h100-80gb": "H100", "nvidia-l4": "L4", "nvidia-tesla-t4": "T4",
              "nvidia-tesla-v100": "V100", "nvidia-tesla-p100": "P100"}
-
-
-class Status(str, Enum):
-    """Outcome of one check."""
-
-    OK = "ok"
-    FIX = "fix"
-    UNKNOWN = "could-not-check"
-
-
-@dataclass(frozen=True)
-class Check:
-    """One line of the report."""
-
-    name: str
-    status: Status
-    detail: str
-
-    def to_dict(self) -> dict[str, str]:
-        """JSON-able."""
-        d = asdict(self)
-        d["status"] = self.status.value
-        return d
 
 
 class GcpDoctor:

@@ -16,14 +16,14 @@ deletes it on sight: spotrun never restarts a VM.
 from __future__ import annotations
 
 import json
-import logging
 import threading
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from datetime import datetime, timezone
 from typing import Any, Callable
 
 from spotrun.catalog import Catalog, load_catalog
 from spotrun.errors import CapacityError, ConfigError, ProviderError
+from spotrun.providers.capacity import CapacityFailure, pools_cooling, record_capacity
 from spotrun.providers.base import (TAG_JOB, InstanceInfo, LaunchPlan, LaunchRequest,
                                     PricePoint)
 from spotrun.providers.gcp.group import GroupActs
@@ -36,7 +36,6 @@ from spotrun.providers.gcp.prices import CatalogPrices
 from spotrun.providers.gcp.startup import TOKEN_KEY, metadata_value
 from spotrun.states import InstanceState, Market, TerminationCause
 
-log = logging.getLogger(__name__)
 
 _STATES = {"PROVISIONING": InstanceState.PENDING, "STAGING": InstanceState.PENDING,
            "RUNNING": InstanceState.RUNNING, "REPAIRING": InstanceState.RUNNING,
@@ -48,15 +47,6 @@ _ENDINGS = (("compute.instances.preempted", TerminationCause.SPOT_RECLAIM),
             ("compute.instances.guestTerminate", TerminationCause.INSTANCE_SHUTDOWN),
             ("delete", TerminationCause.USER))
 MANAGED = f'labels.{label_key("spotrun:managed")} = "true"'
-
-
-@dataclass(frozen=True)
-class CapacityFailure:
-    """One pool that refused a launch."""
-
-    pool: str
-    code: str
-    at: datetime
 
 
 def _utcnow() -> datetime:
@@ -146,14 +136,10 @@ class GcpProvider(GroupActs):
 
     def pools_cooling(self) -> set[str]:
         """Pool keys that refused capacity within the cooldown."""
-        now = self.now()
-        return {f.pool for f in self.capacity_failures
-                if (now - f.at).total_seconds() < self.capacity_cooldown_s}
+        return pools_cooling(self.capacity_failures, self.now(), self.capacity_cooldown_s)
 
     def _record_capacity(self, pool: str, code: str) -> None:
-        log.info("no capacity in %s: %s", pool, code)
-        self.capacity_failures.append(CapacityFailure(pool=pool, code=code, at=self.now()))
-        del self.capacity_failures[:-500]
+        record_capacity(self.capacity_failures, pool, code, self.now())
 
     # ------------------------------------------------------------ launch
 
