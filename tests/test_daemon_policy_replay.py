@@ -23,13 +23,14 @@ from conftest import kill_leftovers, write_prices, write_trace
 from polling import wait_for
 
 from spotrun.catalog import load_catalog
-from spotrun.cli.simulate import simulate
+from spotrun.cli.simulate import simulate, write_decisions
 from spotrun.config import load_settings
 from spotrun.daemon.app import build_context
 from spotrun.daemon.reconcile import ReconcileLoop
 from spotrun.daemon.scheduler import SchedulerLoop
 from spotrun.daemon.placement import clock_progress_s
 from spotrun.db import Attempt, Job, attempts_of, session
+from spotrun.decide.policy import ALL_POLICY_NAMES, Mode
 from spotrun.errors import ConfigError
 from spotrun.jobs import submit, validate_submission
 from spotrun.providers.local.market.client import MarketClient
@@ -37,10 +38,12 @@ from spotrun.providers.local.market.clock import ManualClock
 from spotrun.providers.local.market.core import Market
 from spotrun.providers.local.market.options import MarketOptions
 from spotrun.providers.local.market.server import MarketHTTPServer, _Flags
-from spotrun.decide.policy import Mode
 from spotrun.providers.local.provider import LocalProvider
+from spotrun.simulate.model import build_model, pick_starts
+from spotrun.simulate.runner import run_policies
 from spotrun.states import AttemptState, EndReason, InstanceState, JobState, \
     Market as MarketKind
+from spotrun.traces import load_prices, load_trace
 
 TICK_S = 60.0
 TYPE = "p3.2xlarge"          # the type the trace "measured": spot prices are the file's
@@ -116,9 +119,23 @@ def replay(tmp_home: Path, tmp_path: Path, instance_command: str) -> Iterator[Re
 
 
 def simulator_decisions(r: Replay, policy: str, deadline_ticks: int) -> list[tuple[int, str, str]]:
-    """`spotrun simulate --decisions` for the job's start (tick 0): (tick, mode, pool) rows."""
+    """`spotrun simulate --decisions` for the job's start (tick 0): (tick, mode, pool) rows.
+
+    Policies the command does not list (issue 26's `markov`, `spotrun-plan`) run through the
+    same library steps the command takes after checking its flags.
+    """
     out = r.tmp / f"decisions-{policy}.csv"
     od = load_catalog().get(TYPE).on_demand_price("us-east-1")
+    if policy not in ALL_POLICY_NAMES:
+        model = build_model(load_trace(r.trace), load_prices(r.prices),
+                            spot_price_usd_per_hour=None, od_price_usd_per_hour=od,
+                            work_hours=WORK_HOURS, deadline_hours=deadline_ticks / 60.0,
+                            changeover_hours=CHANGEOVER_TICKS * TICK_S / 3600.0)
+        result = run_policies(model, pick_starts(model, starts=None, seed=0, t0=[0]),
+                              [policy], workers=1, record=True)
+        write_decisions(out, result)
+        with out.open() as fh:
+            return [(int(row["tick"]), row["mode"], row["pool"]) for row in csv.DictReader(fh)]
     res = CliRunner().invoke(simulate, [
         "--trace", str(r.trace), "--prices", str(r.prices), "--od-price", repr(od),
         "--work-hours", repr(WORK_HOURS), "--deadline-hours", repr(deadline_ticks / 60.0),
@@ -164,6 +181,7 @@ def launches(rows: list[tuple[int, str, str]]) -> list[tuple[int, str, str]]:
 @pytest.mark.parametrize("policy,deadline_ticks,expect", [
     ("reserve", 36, "move"),              # spot reclaims, then a spot-to-spot move
     ("spotrun", 36, "reclaim"),           # shadow runs on the recorded market, then follows
+    ("spotrun-plan", 36, "reclaim"),      # the plan, refit on the market the daemon recorded
     ("uniform-progress", 30, "on-demand"),  # the safety net takes it to on-demand
 ])
 def test_daemon_replay_gets_the_simulators_decisions(replay: Replay, policy: str,

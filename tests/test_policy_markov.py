@@ -72,16 +72,17 @@ def test_the_fit_reads_only_rows_up_to_the_refit():
                               mk.fit(b, 300, (20, 40, 2), 1).market)
 
 
-def test_a_restarted_policy_on_a_daemon_grown_history_decides_the_same():
+@pytest.mark.parametrize("name", ["markov", "markov-tiers"])
+def test_a_restarted_policy_on_a_daemon_grown_history_decides_the_same(name):
     trace, prices = regime_change_market(seed=4)
     m = build_model(trace, prices, spot_price_usd_per_hour=None, od_price_usd_per_hour=3.0,
                     work_hours=4.0, deadline_hours=6.0, changeover_hours=0.2)
     start = 3580
-    ref = run_policy(m, make_policy("markov"), start, record=True)
+    ref = run_policy(m, make_policy(name), start, record=True)
     h = m.history
     grown = MarketHistory(h.pools, h.up[:start + 1], h.price[:start + 1],
                           h.od_price_usd_per_hour, h.tick_s)
-    continuing = make_policy("markov")
+    continuing = make_policy(name)
     W, D, C = m.work_ticks, m.deadline_ticks, m.changeover_ticks
     done, mode, pool, c_left = 0, Mode.IDLE, None, 0
     for tau, d in enumerate(ref.decisions):
@@ -96,7 +97,7 @@ def test_a_restarted_policy_on_a_daemon_grown_history_decides_the_same():
                           changeover_s=C * h.tick_s, tick_s=h.tick_s, mode=mode, pool=pool,
                           changeover_left_s=c_left * h.tick_s)
         assert continuing.decide(job, grown.view(t)) == d
-        assert make_policy("markov").decide(job, grown.view(t)) == d    # a restarted daemon
+        assert make_policy(name).decide(job, grown.view(t)) == d    # a restarted daemon
         if d.mode is Mode.IDLE:
             mode, pool, c_left = Mode.IDLE, None, 0
             continue
@@ -115,8 +116,8 @@ def test_the_table_matches_the_plan_it_was_solved_from():
                   after_reclaim=np.array([0.0, 1.0]), od_usd=3.0, spot_usd=1.0,
                   od_launch_usd=6.0, spot_launch_usd=2.0)
     t = dp.solve(20, 40, 2, up, 1)
-    idle_up = dp.decision_state("idle", True, 0, t.buckets)
-    on_spot = dp.decision_state("spot", True, 0, t.buckets)
+    idle_up = dp.decision_state("idle", 1, 0, t.tiers)
+    on_spot = dp.decision_state("spot", 1, 0, t.tiers)
     assert t.action(idle_up, 40, 20) == dp.SPOT
     assert t.action(on_spot, 30, 15) == dp.SPOT
     assert t.action(idle_up, 21, 20) == dp.ON_DEMAND          # past reach: on-demand
@@ -125,7 +126,7 @@ def test_the_table_matches_the_plan_it_was_solved_from():
                     after_reclaim=np.array([0.0, 1.0]), od_usd=3.0, spot_usd=1.0,
                     od_launch_usd=6.0, spot_launch_usd=2.0)
     t = dp.solve(20, 40, 2, back, 1)
-    idle_down = dp.decision_state("idle", False, 0, t.buckets)
+    idle_down = dp.decision_state("idle", 0, 0, t.tiers)
     assert t.action(idle_down, 40, 20) == dp.WAIT
     assert t.action(idle_down, 22, 20) == dp.ON_DEMAND        # no slack left to wait
     # never back: waiting buys nothing, so the tie goes to progress (on-demand now)
@@ -133,6 +134,47 @@ def test_the_table_matches_the_plan_it_was_solved_from():
                      after_reclaim=np.array([1.0, 0.0]), od_usd=3.0, spot_usd=1.0,
                      od_launch_usd=6.0, spot_launch_usd=2.0)
     assert dp.solve(20, 40, 2, never, 1).action(idle_down, 40, 20) == dp.ON_DEMAND
+
+
+def test_pools_fall_into_price_tiers_cheapest_first():
+    # 0.9 | 1.0, 1.02 (within 5 % of 1.0) | 1.15 | 1.3
+    assert mk.price_tiers([1.0, 1.3, 0.9, 1.02, 1.15]) == (1, 3, 0, 1, 2)
+    assert mk.price_tiers([1.0, 1.3, 0.9, 1.02, 1.15], max_tiers=2) == (1, 1, 0, 1, 1)
+    assert mk.price_tiers([0.9, 0.9, 0.9], max_tiers=4) == (0, 0, 0)
+    up = np.array([[0, 0, 0], [1, 1, 0], [0, 1, 0], [0, 0, 1]], dtype=bool)
+    # none up; the cheapest tier up is 0; then tier 1; then tier 2
+    assert mk.market_states(up, (0, 1, 2)).tolist() == [0, 1, 2, 3]
+
+
+def test_the_tiered_plan_waits_for_the_cheaper_pool_only_while_the_slack_allows():
+    """Two tiers, neither ever reclaimed: only the dear one up, the cheap one back with
+    probability 0.5 a tick. With slack: wait for the cheap one; without: take the dear one."""
+    chain = dp.Chain(market=np.array([[1.0, 0.0, 0.0], [0.0, 1.0, 0.0], [0.0, 0.5, 0.5]]),
+                     spot=np.eye(2), after_reclaim=np.array([[1.0, 0.0, 0.0]] * 2),
+                     od_usd=3.0, spot_usd=np.array([0.5, 1.5]), od_launch_usd=6.0,
+                     spot_launch_usd=np.array([1.0, 3.0]))
+    t = dp.solve(20, 40, 2, chain, 1, (0, 1))
+    dear_only = dp.decision_state("idle", 2, 0, t.tiers)
+    cheap_up = dp.decision_state("idle", 1, 0, t.tiers)
+    assert t.action(dear_only, 40, 20) == dp.WAIT
+    assert t.action(cheap_up, 40, 20) == dp.SPOT
+    assert t.action(dear_only, 22, 20) == dp.SPOT          # no slack left to wait
+    on_dear = dp.decision_state("spot", 2, 1, t.tiers)
+    assert t.action(on_dear, 30, 15) == dp.WAIT            # worth a changeover: leave it
+    assert t.action(on_dear, 17, 15) == dp.SPOT            # not any more: stay
+
+
+def test_markov_tiers_launches_the_cheap_pool_markov_the_first_one_up():
+    # the cheap pool is up 20 ticks of every 22; the dear one is always up
+    n = 400
+    up = np.stack([np.arange(n) % 22 < 20, np.ones(n, dtype=bool)], axis=1)
+    h = MarketHistory(["cheap", "dear"], up, np.tile([0.5, 1.5], (n, 1)), 3.0, TICK_S)
+    job = JobProgress(work_total_s=20 * TICK_S, work_done_s=0.0, time_left_s=60 * TICK_S,
+                      elapsed_s=0.0, changeover_s=2 * TICK_S, tick_s=TICK_S, mode=Mode.IDLE)
+    row = 22 * 13 + 20                                         # the cheap pool is down
+    assert make_policy("markov-tiers").decide(job, h.view(row)).mode is Mode.IDLE
+    assert make_policy("markov").decide(job, h.view(row)).pool == "dear"
+    assert make_policy("markov-tiers").decide(job, h.view(row + 2)).pool == "cheap"
 
 
 def test_a_long_job_is_planned_on_a_coarse_grid_fast_and_small():

@@ -104,6 +104,17 @@ def test_table_output(trace_files):
     assert "spotrun" in res.output and "vs OD" in res.output
 
 
+def test_the_issue_26_candidates_run_by_name(trace_files):
+    trace, prices = trace_files
+    res = invoke(*base_args(trace, prices), "--starts", "3", "--policy", "markov-tiers",
+                 "--policy", "spotrun-plan", "--json")
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.output)["policies"]
+    assert set(out) == {"markov-tiers", "spotrun-plan"}
+    assert all(s["deadline_met_fraction"] == 1.0 for s in out.values())
+    assert "markov-tiers" in invoke("--help").output
+
+
 @pytest.mark.parametrize("extra,flag", [
     (["--pool", "nope"], "--pool"),
     (["--policy", "clairvoyant"], "--policy"),

@@ -1,23 +1,26 @@
 """`markov`: plan the job's exact remaining work and slack on a model of the market seen so far.
 
-A candidate of the `spotrun` policy (spotrun.py), which follows it only where the recent
-market's shadow runs show it beats the better simple rule.
+The plan of `spotrun-plan` (spotrun.py), which follows it unless the recent market's shadow
+runs show the better simple rule beating it beyond their noise.
 
-- The model (refit every quarter deadline, on a grid of market rows shared by every run):
+- The model (refit every half deadline, on a grid of market rows shared by every run):
   over the last deadline's worth of market rows (markets drift; the job's own span is the
-  best guess for the job's), a Markov chain of "some pool up" (its up- and down-runs), the
-  per-tick reclaim hazard of a job on spot (every pool's reclaims over its up-ticks), the
-  chance that some pool is up right after a reclaim, the spot price of the cheapest pool up
-  at the refit and the on-demand price. Prior: the provider's mean time between reclaims
-  (MarketHistory.mtbf_prior_h, else the packaged priors' pooled figure) as one pseudo-
-  reclaim, and one pseudo-outage of a changeover and a tick; a long history outweighs both.
+  best guess for the job's), a Markov chain of the market state: none up, or the cheapest
+  price tier with a pool up (`markov`: one tier, "some pool up"; `markov-tiers`: pools
+  within 5 % of a tier's cheapest price share it, at most 4 tiers, priced at the refit),
+  fitted on the state's own transitions; per tier, the reclaim hazard of a job on spot
+  (its pools' reclaims over their up-ticks), the market state a step after such a reclaim,
+  and the spot price (its cheapest pool up at the refit); the on-demand price. Prior: the
+  provider's mean time between reclaims (MarketHistory.mtbf_prior_h, else the packaged
+  priors' pooled figure) as one pseudo-reclaim per up-state, and one pseudo-outage of a
+  changeover and a tick; a long history outweighs both.
 - The plan (markov_dp.py): the expected-cost-optimal action for every (time left, work
-  left, placement, some pool up) of the job's shape, by backward induction, on a grid
+  left, placement, market state) of the job's shape, by backward induction, on a grid
   coarsened to at most 720 steps of time; one table per refit serves every run of that
   shape, whatever its progress, so live and shadow runs share it.
 - Each tick: mid-changeover, carry on; otherwise the table's action for the job's exact
-  work and time left. Spot means the cheapest pool up now (the one that has been up
-  longest on a tie); a job on spot stays in its pool.
+  work and time left. Spot means the cheapest pool up now in the cheapest tier up (the one
+  that has been up longest on a tie); a job on spot stays in its pool.
 - State: only caches; every choice is a function of the market rows up to the refit and
   the job's shape, so a restarted daemon with the same recorded market decides the same.
 """
@@ -35,8 +38,12 @@ from spotrun.decide.policy.base import (IDLE, ON_DEMAND, Decision, JobProgress, 
                                         SafePolicy, job_shape)
 from spotrun.decide.policy.market import MarketHistory, MarketView
 
-REFITS_PER_DEADLINE = 4
+REFITS_PER_DEADLINE = 2
 FIT_DEADLINES = 1.0            # the fit's window, in the job's deadlines
+# Pools within TIER_GAP of a tier's cheapest price share it; more tiers than MAX_TIERS would
+# spread a deadline's worth of rows too thin.
+TIER_GAP = 0.05
+MAX_TIERS = 4
 PRIOR_RUNS = 1.0
 _CACHE_BYTES = 64 * 1024 * 1024   # solved tables kept per market history
 _EPS = 1e-9
@@ -56,63 +63,100 @@ def packaged_mtbf_h() -> float:
 
 
 def refit_ticks(deadline_ticks: int) -> int:
-    """Rows between refits: a quarter deadline (at least one row)."""
+    """Rows between refits: half a deadline (at least one row)."""
     return max(1, -(-deadline_ticks // REFITS_PER_DEADLINE))
 
 
 def _rate(ends: int, exposure: int, prior_ticks: float) -> float:
-    """P(a run ends at the next tick): ends over ticks seen, plus pseudo-runs of the prior."""
+    """P(a run ends at the next tick): ends over ticks seen, plus PRIOR_RUNS pseudo-runs of the prior."""
     w = PRIOR_RUNS
     return min(max((ends + w) / (exposure + w * prior_ticks), 0.0), 1.0)
 
 
-def fit(h: MarketHistory, row: int, shape: tuple[int, int, int], g: int) -> dp.Chain:
+def price_tiers(price_row: list[float], max_tiers: int = MAX_TIERS) -> tuple[int, ...]:
+    """Each pool's price tier at a row: cheapest first, a new tier past TIER_GAP, at most max_tiers."""
+    order = sorted(range(len(price_row)), key=lambda j: price_row[j])
+    tier_of = [0] * len(price_row)
+    t, base = 0, price_row[order[0]] if order else 0.0
+    for j in order:
+        if price_row[j] > base * (1.0 + TIER_GAP) and t + 1 < max_tiers:
+            t, base = t + 1, price_row[j]
+        tier_of[j] = t
+    return tuple(tier_of)
+
+
+def market_states(up: np.ndarray, tier_of: tuple[int, ...]) -> np.ndarray:
+    """Per row: 0 when no pool is up, else 1 + the cheapest tier with a pool up."""
+    tiers = np.asarray(tier_of)
+    top = int(tiers.max()) + 1
+    t_min = np.where(up, tiers[None, :], top).min(axis=1)
+    return np.where(t_min == top, 0, t_min + 1)
+
+
+def fit(h: MarketHistory, row: int, shape: tuple[int, int, int], g: int,
+        max_tiers: int = MAX_TIERS) -> dp.Chain:
     """The model of the market as known at `row`, at the scale of g-tick steps."""
     work, deadline, changeover = shape
     window = max(2, int(round(deadline * FIT_DEADLINES)))
     lo = max(0, row + 1 - window)
-    prior_h = h.mtbf_prior_h or [packaged_mtbf_h()] * len(h.pools)
-    mtbf_ticks = float(np.mean(prior_h)) * 3600.0 / h.tick_s
+    prior_h = np.asarray(h.mtbf_prior_h or [packaged_mtbf_h()] * len(h.pools), dtype=float)
+    mtbf_ticks = prior_h * 3600.0 / h.tick_s
+    tier_of = price_tiers(h.price_rows[row], max_tiers)
+    tiers = np.asarray(tier_of)
+    T = int(tiers.max()) + 1
+    M = T + 1
     up = h.up[lo:row + 1]
-    x = h.some_up()[0][lo:row + 1]
-    on, off = up[:-1], ~x[:-1]
+    m = market_states(up, tier_of)
+    # the market's own transitions, plus one pseudo-run per state: an outage of a
+    # changeover and a tick, an up-state of the provider's mean time between reclaims
+    counts = np.zeros((M, M))
+    np.add.at(counts, (m[:-1], m[1:]), 1.0)
+    for a in range(M):
+        length = changeover + 1.0 if a == 0 else float(np.mean(mtbf_ticks[tiers == a - 1]))
+        counts[a, a] += PRIOR_RUNS * (length - 1.0)
+        counts[a, [b for b in range(M) if b != a]] += PRIOR_RUNS / (M - 1)
+    market = counts / counts.sum(axis=1, keepdims=True)
+    on = up[:-1]
     ended = on & ~up[1:]
-    # every pool's up-runs (a spot job's pool), and the runs of "no pool up"
-    p_reclaim = _rate(np.count_nonzero(ended), np.count_nonzero(on), mtbf_ticks)
-    p_back = _rate(np.count_nonzero(off & x[1:]), np.count_nonzero(off), changeover + 1.0)
-    # when a pool's run ends at tick i + 1: is another pool up then, and when the next step
-    # starts (a reclaimed job's next decision)?
-    i, _ = np.nonzero(ended)
-    rho1 = np.count_nonzero(x[i + 1]) / (len(i) + 1.0) if len(h.pools) > 1 else 0.0
-    late = i[i + 1 + g < len(x)]
-    rho_g = np.count_nonzero(x[late + 1 + g]) / (len(late) + 1.0)
-    # per tick: none up -> some up; some up (the pool a launch takes) ends, another may be up
-    market = np.array([[1.0 - p_back, p_back],
-                       [p_reclaim * (1.0 - rho1), 1.0 - p_reclaim * (1.0 - rho1)]])
+    spot = np.zeros((T, T))
+    after = np.zeros((T, M))
+    i, j = np.nonzero(ended)
+    for t in range(T):
+        in_t = tiers == t
+        spot[t, t] = (1.0 - _rate(np.count_nonzero(ended[:, in_t]), np.count_nonzero(on[:, in_t]),
+                                  float(np.mean(mtbf_ticks[in_t])))) ** g
+        # the market state when the next step starts after a reclaim of this tier's pool
+        # (one pseudo-observation of none up)
+        late = i[in_t[j] & (i + 1 + g < len(m))]
+        np.add.at(after[t], m[late + 1 + g], 1.0)
+        after[t, 0] += 1.0
+        after[t] /= after[t].sum()
     price = h.price_rows[row]
-    live = [p for p, u in zip(price, h.up_rows[row]) if u]
-    spot_usd = min(live) if live else min(price)
+    live = h.up_rows[row]
+    tier_usd = np.array([min([p for p, u, k in zip(price, live, tier_of) if u and k == t]
+                             or [p for p, k in zip(price, tier_of) if k == t])
+                         for t in range(T)])
     tick_h = h.tick_s / 3600.0
     od = h.od_price_usd_per_hour
-    return dp.Chain(market=np.linalg.matrix_power(market, g),
-                    spot=np.array([[(1.0 - p_reclaim) ** g]]),
-                    after_reclaim=np.array([1.0 - rho_g, rho_g]),
-                    od_usd=g * od * tick_h, spot_usd=g * spot_usd * tick_h,
+    return dp.Chain(market=np.linalg.matrix_power(market, g), spot=spot, after_reclaim=after,
+                    od_usd=g * od * tick_h, spot_usd=g * tier_usd * tick_h,
                     od_launch_usd=changeover * od * tick_h,
-                    spot_launch_usd=changeover * spot_usd * tick_h)
+                    spot_launch_usd=changeover * tier_usd * tick_h)
 
 
-def table_for(h: MarketHistory, row: int, shape: tuple[int, int, int]) -> dp.Table:
+def table_for(h: MarketHistory, row: int, shape: tuple[int, int, int],
+              max_tiers: int = MAX_TIERS) -> dp.Table:
     """The plan for the job shape from the model fitted at `row` (cached per history)."""
     cache = _TABLES.setdefault(h, OrderedDict())
-    key = (row, *shape)
+    key = (row, *shape, max_tiers)
     hit = cache.get(key)
     if hit is not None:
         cache.move_to_end(key)
         return hit
     work, deadline, changeover = shape
     g = dp.step_ticks(deadline, changeover)
-    table = dp.solve(work, deadline, changeover, fit(h, row, shape, g), g)
+    table = dp.solve(work, deadline, changeover, fit(h, row, shape, g, max_tiers), g,
+                     price_tiers(h.price_rows[row], max_tiers))
     cache[key] = table
     held = sum(t.nbytes for t in cache.values())
     while held > _CACHE_BYTES and len(cache) > 1:
@@ -121,19 +165,21 @@ def table_for(h: MarketHistory, row: int, shape: tuple[int, int, int]) -> dp.Tab
     return table
 
 
-def cheapest_up(market: MarketView) -> int:
-    """The cheapest pool up now, the one up longest on a tie; -1 when none is up."""
-    best, key = -1, (float("inf"), 0)
+def cheapest_up(market: MarketView, tier_of: tuple[int, ...]) -> tuple[int, int]:
+    """(market state, pool): the cheapest tier with a pool up, and its cheapest pool now
+    (the one up longest on a tie); (0, -1) when none is up."""
+    best, key = -1, (len(tier_of), float("inf"), 0)
     for j, (ok, p) in enumerate(zip(market.up_now(), market.price_now())):
-        if ok and (p, -market.age_ticks(j)) < key:
-            best, key = j, (p, -market.age_ticks(j))
-    return best
+        if ok and (tier_of[j], p, -market.age_ticks(j)) < key:
+            best, key = j, (tier_of[j], p, -market.age_ticks(j))
+    return (0, -1) if best < 0 else (1 + tier_of[best], best)
 
 
 class MarkovPolicy(SafePolicy):
     """Follows the plan solved on the market model of the latest refit (a `spotrun` candidate)."""
 
     name = "markov"
+    max_tiers = 1
 
     def __init__(self) -> None:
         self._sizes: tuple[float, float, float, float] | None = None
@@ -150,7 +196,7 @@ class MarkovPolicy(SafePolicy):
             self._grid = refit_ticks(self._shape[1])
         key = (market.now // self._grid * self._grid, self._shape)
         if key != self._key or self._table is None:
-            self._table = table_for(market.h, key[0], self._shape)
+            self._table = table_for(market.h, key[0], self._shape, self.max_tiers)
             self._key = key
         return self._table
 
@@ -160,15 +206,22 @@ class MarkovPolicy(SafePolicy):
             return job.current
         tick = job.tick_s
         table = self.table(job, market)
-        best = cheapest_up(market)
-        some_up = best >= 0
-        state = dp.decision_state(job.mode.value, some_up, 0, table.buckets)
+        m, best = cheapest_up(market, table.tier_of)
+        tier = table.tier_of[market.pools.index(job.pool)] if job.mode is Mode.SPOT else 0
+        state = dp.decision_state(job.mode.value, m, tier, table.tiers)
         act = table.action(state, job.time_left_s / tick, job.remaining_s / tick)
         if act == dp.ON_DEMAND:
             return ON_DEMAND
         if act == dp.SPOT:
             if job.mode is Mode.SPOT:
                 return job.current
-            if some_up:
+            if best >= 0:
                 return Decision(Mode.SPOT, market.pools[best])
         return IDLE
+
+
+class MarkovTiersPolicy(MarkovPolicy):
+    """`markov` with the pools in price tiers: it may wait for a cheaper pool while a dearer one is up."""
+
+    name = "markov-tiers"
+    max_tiers = MAX_TIERS

@@ -1,12 +1,12 @@
 """The `markov` candidate's planner: backward induction for one job shape on a fitted market.
 
-The market model (markov.fit) is semi-Markov: the market is "none up" or "some pool up",
-each state with the age of its run in a few buckets, so a run's chance of ending depends on
-how long it has lasted (an outage that has lasted tends to last: heavy tails); a job on
-spot follows its own pool's up-run the same way. The job's state is (time left k, work left
-r, placement, changeover still to pay, market state); because the model is time-homogeneous,
-one table over every (k, r) of the shape serves every run of that shape, live or in shadow,
-until the next refit, whatever its progress.
+The market model (markov.fit) is a Markov chain over price tiers: the pools fall into a few
+tiers by price, and the market state is "none up" or "the cheapest tier with a pool up is
+t" (so the plan can wait for a cheaper tier while a dearer one is up); a job on spot stays
+in its pool's tier until reclaimed, at that tier's reclaim rate. The job's state is (time
+left k, work left r, placement, changeover still to pay, market state); because the model
+is time-homogeneous, one table over every (k, r) of the shape serves every run of that
+shape, live or in shadow, until the next refit, whatever its progress.
 
 Coarse grid: a step is `g` ticks, g a divisor of the changeover (so a launch still pays a
 whole number of steps), the smallest one that keeps the table within `MAX_STEPS` steps of
@@ -47,32 +47,33 @@ def step_ticks(deadline_ticks: int, changeover_ticks: int) -> int:
 class Chain:
     """The fitted market at the step's scale (probabilities per step, USD).
 
-    Market states x * B + b: x = 0 none up / 1 some up, b = the age bucket of that run
-    (for "some up": the run of the pool a launch would take).
+    Pools fall into T price tiers (cheapest first). Market states m = 0 (none up) and
+    m = 1 + t (the cheapest tier with a pool up is t: a launch takes that tier); a job on
+    spot is in its pool's tier s and stays there until reclaimed.
     """
 
-    market: np.ndarray          # [2B, 2B] per step, for a job not on spot
-    spot: np.ndarray            # [B, B] per step: a spot job's pool stays up, its age moves
-    after_reclaim: np.ndarray   # [2B] the market state at the step after a reclaim
+    market: np.ndarray          # [T + 1, T + 1] per step, for a job not on spot
+    spot: np.ndarray            # [T, T] per step: a spot job's pool stays up (diagonal)
+    after_reclaim: np.ndarray   # [T, T + 1] (or [T + 1] for one tier): the market state
+    #                             at the step after a reclaim of a tier's pool
     od_usd: float               # one step on on-demand
-    spot_usd: float             # one step on spot
+    spot_usd: np.ndarray | float          # one step on spot, per tier
     od_launch_usd: float        # a changeover on on-demand
-    spot_launch_usd: float      # a changeover on spot
+    spot_launch_usd: np.ndarray | float   # a changeover on spot, per tier
 
     @property
-    def buckets(self) -> int:
-        """Age buckets per run kind."""
+    def tiers(self) -> int:
+        """Price tiers T."""
         return len(self.spot)
 
 
-def decision_state(mode: str, some_up: bool, bucket: int, buckets: int) -> int:
-    """The table row of a decision: idle / on-demand (market state), or on spot (its age)."""
-    x = int(some_up) * buckets + bucket
+def decision_state(mode: str, market_state: int, tier: int, tiers: int) -> int:
+    """The table row of a decision: idle / on-demand (market state), or on spot (its tier)."""
     if mode == "idle":
-        return x
+        return market_state
     if mode == "on-demand":
-        return 2 * buckets + x
-    return 4 * buckets + bucket
+        return tiers + 1 + market_state
+    return 2 * (tiers + 1) + tier
 
 
 @dataclass(frozen=True)
@@ -85,7 +86,8 @@ class Table:
     g: int                    # ticks per step
     work_steps: int           # W
     time_steps: int           # K
-    buckets: int
+    tiers: int
+    tier_of: tuple[int, ...]  # each pool's price tier (empty: not fitted on pools)
     keys: np.ndarray          # int64, sorted
     acts: np.ndarray          # int8
 
@@ -105,32 +107,36 @@ class Table:
 
 
 def solve(work_ticks: int, deadline_ticks: int, changeover_ticks: int, chain: Chain,
-          g: int) -> Table:
+          g: int, tier_of: tuple[int, ...] = ()) -> Table:
     """Backward induction over time left (steps), vectorised over work left and states."""
     W = -(-work_ticks // g)
     K = deadline_ticks // g
     C = changeover_ticks // g
     Cc = max(C, 1)
-    B = chain.buckets
+    T = chain.tiers
+    M = T + 1
     n = W + 1
-    pm, um, ar = chain.market, chain.spot, chain.after_reclaim
-    lost = (1.0 - um.sum(axis=1))[:, None]                 # [B, 1] reclaimed during a step
-    od, sp = chain.od_usd, chain.spot_usd
-    idle = np.full((2 * B, n), BIG)
-    odv = np.full((Cc, 2 * B, n), BIG)
-    spv = np.full((Cc, B, n), BIG)
+    pm, um = chain.market, chain.spot
+    ar = np.atleast_2d(chain.after_reclaim)                 # [T, M]
+    lost = (1.0 - um.sum(axis=1))[:, None]                 # [T, 1] reclaimed during a step
+    od = chain.od_usd
+    sp = np.broadcast_to(np.asarray(chain.spot_usd, dtype=float), (T,))[:, None]
+    sp_launch = np.broadcast_to(np.asarray(chain.spot_launch_usd, dtype=float), (T,))[:, None]
+    idle = np.full((M, n), BIG)
+    odv = np.full((Cc, M, n), BIG)
+    spv = np.full((Cc, T, n), BIG)
     for arr in (idle, odv, spv):
         arr[..., 0] = 0.0
-    sh_od = np.empty((2 * B, n))
-    sh_sp = np.empty((B, n))
-    rows = 5 * B
+    sh_od = np.empty((M, n))
+    sh_sp = np.empty((T, n))
+    rows = 2 * M + T
     prev = np.full((rows, n), ON_DEMAND, dtype=np.int8)
     keys = [((np.arange(rows)[:, None] * n + np.arange(n)[None, :]) * (K + 1)).ravel()]
     acts = [prev.ravel().copy()]
     row = np.empty((rows, n), dtype=np.int8)
     for k in range(1, K + 1):
-        wait = pm @ idle + TIE_USD                          # [2B, n]
-        after = ar @ idle                                   # [n]
+        wait = pm @ idle + TIE_USD                          # [M, n]
+        after = ar @ idle                                   # [T, n]
         sh_od[:, 0] = 0.0
         sh_od[:, 1:] = odv[0][:, :-1]
         stay_od = od + pm @ sh_od
@@ -139,31 +145,33 @@ def solve(work_ticks: int, deadline_ticks: int, changeover_ticks: int, chain: Ch
         stay_sp = (1.0 - lost) * sp + um @ sh_sp + lost * after
         if C >= 1:
             land_od = chain.od_launch_usd + pm @ odv[C - 1]
-            land_sp = chain.spot_launch_usd + um @ spv[C - 1] + lost * after
+            land_sp = sp_launch + um @ spv[C - 1] + lost * after
         else:
             land_od = chain.od_launch_usd + stay_od
-            land_sp = chain.spot_launch_usd + stay_sp
+            land_sp = sp_launch + stay_sp
+        # market state 1 + t launches tier t; a job on tier s decides in market state 1 + s
         new_idle = np.minimum(wait, land_od)
-        new_idle[B:] = np.minimum(new_idle[B:], land_sp)
-        new_od = np.empty((Cc, 2 * B, n))
+        new_idle[1:] = np.minimum(new_idle[1:], land_sp)
+        new_od = np.empty((Cc, M, n))
         new_od[0] = np.minimum(wait, stay_od)
-        new_od[0, B:] = np.minimum(new_od[0, B:], land_sp)
-        new_sp = np.empty((Cc, B, n))
-        new_sp[0] = np.minimum(np.minimum(wait[B:], land_od[B:]), stay_sp)
+        new_od[0, 1:] = np.minimum(new_od[0, 1:], land_sp)
+        new_sp = np.empty((Cc, T, n))
+        new_sp[0] = np.minimum(np.minimum(wait[1:], land_od[1:]), stay_sp)
         for c in range(1, Cc):
             new_od[c] = pm @ odv[c - 1]
             new_sp[c] = um @ spv[c - 1] + lost * after
         # the actions of the decision states (argmin, ties to the first: wait, on-demand)
-        row[:2 * B] = land_od < wait
-        row[B:2 * B][land_sp < np.minimum(wait[B:], land_od[B:])] = SPOT
-        row[2 * B:4 * B] = stay_od < wait
-        row[3 * B:4 * B][land_sp < np.minimum(wait[B:], stay_od[B:])] = SPOT
-        row[4 * B:] = land_od[B:] < wait[B:]
-        row[4 * B:][stay_sp < np.minimum(wait[B:], land_od[B:])] = SPOT
+        row[:M] = land_od < wait
+        row[1:M][land_sp < np.minimum(wait[1:], land_od[1:])] = SPOT
+        row[M:2 * M] = stay_od < wait
+        row[M + 1:2 * M][land_sp < np.minimum(wait[1:], stay_od[1:])] = SPOT
+        row[2 * M:] = land_od[1:] < wait[1:]
+        row[2 * M:][stay_sp < np.minimum(wait[1:], land_od[1:])] = SPOT
         idle, odv, spv = new_idle, new_od, new_sp
+        # no work left costs nothing; no clamp needed: a state beyond reach stays near BIG
+        # (BIG plus a few costs), far above any reachable one
         for arr in (idle, odv, spv):
             arr[..., 0] = 0.0
-            np.minimum(arr, BIG, out=arr)
         # where even waiting from idle with none up cannot finish: on-demand (the net's move)
         row[:, idle[0] >= BIG] = ON_DEMAND
         s, r = np.nonzero(row != prev)
@@ -173,5 +181,5 @@ def solve(work_ticks: int, deadline_ticks: int, changeover_ticks: int, chain: Ch
             prev[s, r] = row[s, r]
     all_keys = np.concatenate(keys)
     order = np.argsort(all_keys, kind="stable")
-    return Table(g=g, work_steps=W, time_steps=K, buckets=B, keys=all_keys[order],
-                 acts=np.concatenate(acts)[order])
+    return Table(g=g, work_steps=W, time_steps=K, tiers=T, tier_of=tuple(tier_of),
+                 keys=all_keys[order], acts=np.concatenate(acts)[order])

@@ -1,25 +1,30 @@
-"""spotrun's policy: follow whichever candidate this market has rewarded, under the safety net.
+"""spotrun's policy: follow the candidate the market seen so far rewarded, under the safety net.
 
-Candidates: greedy, Uniform Progress (the two simple rules) and `reserve` (spotrun's own
-slack-reserve policy). Which one is cheapest depends on the market: greedy where waiting
-for spot pays (stable pools, loose deadlines), Uniform Progress where outages are long,
-`reserve` in between. The policy cannot know the future, so it asks the past: it replays
-each candidate, in shadow, on the job's own shape (work, deadline, changeover, in ticks)
-placed on the most recent windows of the market seen so far, and follows the one whose
-shadow runs cost least on average.
+Two ways of choosing, both from shadow runs on the market seen so far:
+
+- rule-first (`spotrun`, the daemon's default as landed): candidates greedy, Uniform
+  Progress (the two simple rules) and `reserve`; it follows the better rule, and `reserve`
+  only where it beats that rule by more than the standard error of its saving over the
+  windows (plus the changeover when it is not already followed). With no window, greedy.
+- plan-first (`spotrun-plan`, issue 26): candidates `markov` (the plan: the job's exact
+  remaining work and slack solved on a model of the market seen so far, markov.py) and the
+  two rules; it follows the plan unless the better rule beat it by more than the standard
+  error of the difference over the windows (plus the changeover when the plan is already
+  followed). With no window, the plan. `PLAN_FIRST` makes `spotrun` choose this way.
+
+The policy cannot know the future, so it asks the past: it replays each candidate, in
+shadow, on the job's own shape (work, deadline, changeover, in ticks) placed on the most
+recent windows of the market seen so far.
 
 - Windows: the last `WINDOWS` (16) spans of the job's deadline, ending on a grid of a
   quarter deadline (so runs and restarts share them): about the last 4.75 deadlines of
   the market. With less history than one deadline, one window of all the history so far,
   the job scaled to it (work and deadline in the same ratio, the same changeover); with
-  less than that, greedy (the default, and the first choice to beat).
+  less than that, none.
 - Choice points: the job's start and every quarter deadline after it, so a market that
-  changes regime mid-job is followed. At each, the better rule is the one with the lower
-  mean shadow cost; a switch between the rules must save more than one changeover at the
-  on-demand price (the move it may cost). `reserve` is followed only where it beats that
-  rule by more than the standard error of its saving over the windows (their own noise),
-  plus the changeover when it is not already followed: safe first, the rules' own cost
-  where the evidence is thin. Ties keep the simpler rule; with no window, greedy.
+  changes regime mid-job is followed. The better rule is the one with the lower mean
+  shadow cost; a switch between the rules must save more than one changeover at the
+  on-demand price (the move it may cost). Ties keep the simpler rule.
 - State: only a cache. The choice at every point is a function of the market rows up to it
   and the job's shape, so a restarted daemon with the same recorded market decides the same.
 - Deadlines: every decision passes the same safety net as the rules' (an on-demand finish
@@ -34,20 +39,23 @@ import numpy as np
 
 from spotrun.decide.policy.base import IDLE, Decision, JobProgress, Policy, job_shape, safety_net
 from spotrun.decide.policy.market import MarketHistory, MarketView
-from spotrun.decide.policy.rules import GreedyPolicy, UniformProgressPolicy
+from spotrun.decide.policy.markov import MarkovPolicy
 from spotrun.decide.policy.replay import replay
 from spotrun.decide.policy.reserve import ReservePolicy
+from spotrun.decide.policy.rules import GreedyPolicy, UniformProgressPolicy
 
-# In order of preference on a tie: the simplest first.
-CANDIDATES: dict[str, type] = {"greedy": GreedyPolicy, "uniform-progress": UniformProgressPolicy,
+# Candidates of each way of choosing, in order of preference on a tie: the simplest first.
+RULE_FIRST: dict[str, type] = {"greedy": GreedyPolicy, "uniform-progress": UniformProgressPolicy,
                                "reserve": ReservePolicy}
-NOISE_SE = 1.0
-# "plan-first" (follow PLANNER unless the better rule beat it beyond the noise) with the
-# Markov planner is the issue-26 candidate still being measured (bench/policy.py); until it
-# meets the acceptance, the rule-first choice of the last landing stands.
-MODE = "rule-first"
-PLANNER = "markov"
-DEFAULT = "greedy"
+PLAN = "markov"
+PLAN_FIRST_CANDIDATES: dict[str, type] = {"greedy": GreedyPolicy,
+                                          "uniform-progress": UniformProgressPolicy,
+                                          PLAN: MarkovPolicy}
+# Every candidate by name (the shadow runs' cache is shared by both ways).
+CANDIDATES: dict[str, type] = {**RULE_FIRST, **PLAN_FIRST_CANDIDATES}
+# Whether `spotrun` (the daemon's default) chooses plan-first: off until the plan meets
+# issue 26's acceptance (docs/benchmarks.md has both ways' figures).
+PLAN_FIRST = False
 RULES = ("greedy", "uniform-progress")
 WINDOWS = 16
 # Choice points and window grid per deadline.
@@ -90,16 +98,18 @@ def windows(now: int, work: int, deadline: int, changeover: int) -> list[tuple[i
 
 
 def choose_candidate(market: MarketView, shape: tuple[int, int, int],
-                     current: str | None) -> str:
-    """The candidate the recent market rewarded most (see the module docstring)."""
+                     current: str | None, plan_first: bool = False) -> str:
+    """The candidate to follow from here (see the module docstring)."""
     work, deadline, changeover = shape
+    default = PLAN if plan_first else "greedy"
     wins = windows(market.now, work, deadline, changeover)
     if not wins:
-        return current or DEFAULT
+        return current or default
     h = market.h
+    names = PLAN_FIRST_CANDIDATES if plan_first else RULE_FIRST
     costs = {name: np.array([shadow_cost(h, s, w, d, changeover, name) for s, w, d in wins])
-             for name in CANDIDATES}
-    current = current or DEFAULT
+             for name in names}
+    current = current or default
     margin = changeover * h.tick_s / 3600.0 * h.od_price_usd_per_hour
     mean = {n: float(c.mean()) for n, c in costs.items()}
     # the better rule: the one with the lower mean (a switch between rules must still save
@@ -107,24 +117,22 @@ def choose_candidate(market: MarketView, shape: tuple[int, int, int],
     rule = min(RULES, key=lambda n: mean[n])
     if current in RULES and rule != current and mean[rule] >= mean[current] - margin:
         rule = current
-    if MODE == "plan-first" and PLANNER in costs:
-        # the plan unless the better rule beat it beyond the windows' own noise
-        saving = costs[PLANNER] - costs[rule]
-        noise = float(saving.std(ddof=1) / np.sqrt(len(saving))) if len(saving) > 1 else 0.0
-        leave = 0.0 if current != PLANNER else margin
-        if float(saving.mean()) > leave + NOISE_SE * noise:
+    if plan_first:
+        # the plan unless that rule beat it beyond the windows' own noise (and the move)
+        loss = costs[PLAN] - costs[rule]
+        noise = float(loss.std(ddof=1) / np.sqrt(len(loss))) if len(loss) > 1 else 0.0
+        if float(loss.mean()) > (margin if current == PLAN else 0.0) + noise:
             return rule
-        return PLANNER
+        return PLAN
     best = rule
     # an own candidate only when it beats that rule beyond the windows' own noise
-    for name in CANDIDATES:
+    for name in names:
         if name in RULES:
             continue
         saving = costs[rule] - costs[name]
         noise = float(saving.std(ddof=1) / np.sqrt(len(saving))) if len(saving) > 1 else 0.0
         keep = name == current      # staying on it needs no move
-        if float(saving.mean()) > (0.0 if keep else margin) + NOISE_SE * noise \
-                and mean[name] < mean[best]:
+        if float(saving.mean()) > (0.0 if keep else margin) + noise and mean[name] < mean[best]:
             best = name
     return best
 
@@ -134,8 +142,10 @@ class SpotrunPolicy:
 
     name = "spotrun"
 
-    def __init__(self) -> None:
-        self._followers: dict[str, Policy] = {n: cls() for n, cls in CANDIDATES.items()}
+    def __init__(self, plan_first: bool | None = None) -> None:
+        self.plan_first = PLAN_FIRST if plan_first is None else plan_first
+        names = PLAN_FIRST_CANDIDATES if self.plan_first else RULE_FIRST
+        self._followers: dict[str, Policy] = {n: cls() for n, cls in names.items()}
         self._shape: tuple[int, int, int] | None = None
         self._start = 0                          # market row of the job's first tick
         self._choices: list[str] = []            # the choice at each choice point so far
@@ -156,7 +166,7 @@ class SpotrunPolicy:
             at = start + len(self._choices) * grid
             prev = self._choices[-1] if self._choices else None
             view = market.h.view(min(max(at, 0), market.now))
-            self._choices.append(choose_candidate(view, shape, prev))
+            self._choices.append(choose_candidate(view, shape, prev, self.plan_first))
         return self._choices[points - 1]
 
     def decide(self, job: JobProgress, market: MarketView) -> Decision:
@@ -165,3 +175,12 @@ class SpotrunPolicy:
             return IDLE
         name = self.following(job, market)
         return safety_net(job, self._followers[name].decide(job, market))
+
+
+class SpotrunPlanPolicy(SpotrunPolicy):
+    """`spotrun` choosing plan-first: the `markov` plan unless a rule beat it (issue 26)."""
+
+    name = "spotrun-plan"
+
+    def __init__(self) -> None:
+        super().__init__(plan_first=True)
