@@ -88,19 +88,6 @@ def load_catalog(name: str = "aws") -> Catalog:
     return parse_catalog(yaml.safe_load(text))
 
 
-def catalog_for(settings: Any) -> Catalog:
-    """The packaged catalog of the configured provider (its facts name the file)."""
-    from spotrun.providers.facts import facts_for
-    return load_catalog(facts_for(settings).catalog)
-
-
-def od_price_for(settings: Any) -> Callable[[str], float | None]:
-    """On-demand USD/h by instance type in the configured provider's catalog and region."""
-    from spotrun.providers.facts import facts_for
-    facts = facts_for(settings)
-    return catalog_od_price(facts.price_region(settings), facts.catalog)
-
-
 def catalog_od_price(region: str, name: str = "aws") -> Callable[[str], float | None]:
     """On-demand USD/h by instance type from a packaged catalog (None if unlisted)."""
     cat = load_catalog(name)

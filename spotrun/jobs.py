@@ -15,7 +15,7 @@ from sqlalchemy.engine import Engine
 from sqlmodel import Session
 
 from spotrun import layout
-from spotrun.catalog import catalog_for
+from spotrun.providers.facts import catalog_for
 from spotrun.config import Settings
 from spotrun.db import Attempt, Job, add_event, find_job, new_job_id, session, utcnow
 from spotrun.errors import BadInputError, NotFoundError, SpotrunError

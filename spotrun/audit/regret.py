@@ -51,7 +51,7 @@ def observed_builder(od_price: Callable[[str], "float | None"],
 
 def use_observed_model(settings: Any) -> None:
     """Register the observed-model builder for these settings (region; local market truth)."""
-    from spotrun.catalog import od_price_for
+    from spotrun.providers.facts import od_price_for
     od_price = od_price_for(settings)   # the provider's catalog, in its pricing region
     from spotrun.providers.facts import facts_for
     truth = facts_for(settings).market_truth(settings)

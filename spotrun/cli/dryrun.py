@@ -7,7 +7,7 @@ from typing import Any
 
 from rich.console import Console
 
-from spotrun.catalog import catalog_for
+from spotrun.providers.facts import catalog_for
 from spotrun.cli.marketview import decide_on_market
 from spotrun.cli.tables import Column, print_table
 from spotrun.config import Settings

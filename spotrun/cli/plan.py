@@ -6,7 +6,8 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from spotrun.catalog import Catalog, catalog_for
+from spotrun.catalog import Catalog
+from spotrun.providers.facts import catalog_for
 from spotrun.cli.common import echo_json, get_settings, json_option
 from spotrun.cli.marketview import MarketView, decide_on_market
 from spotrun.cli.tables import Column, print_table

@@ -22,7 +22,7 @@ from typing import Any, Iterable
 from sqlalchemy import case, func
 from sqlmodel import select
 
-from spotrun.catalog import catalog_for
+from spotrun.providers.facts import catalog_for
 from spotrun.costmodel import DbHistory, JobStats
 from spotrun.costmodel.history import reclaim_records
 from spotrun.costmodel.notice import notice_prior_of

@@ -214,7 +214,7 @@ class ProviderFacts:
     # record absolute paths): a template with {job_id} and {node_rank}; None: <agent dir>/job.
     job_dir: Callable[[Any], str | None] = lambda st: None
     # The packaged catalog its instance types come from (spotrun/data/catalog/<catalog>.yaml,
-    # read through spotrun.catalog.catalog_for), and the region whose catalog prices apply.
+    # read through spotrun.providers.facts.catalog_for), and the region whose catalog prices apply.
     catalog: str = "aws"
     price_region: Callable[[Any], str] = lambda st: st.region
     # The instance side, for an agent whose config names this provider (`instance_side`, set

@@ -7,8 +7,9 @@ folder and a line here. No module outside `spotrun/providers/` asks which provid
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
+from spotrun.catalog import Catalog, catalog_od_price, load_catalog
 from spotrun.errors import ConfigError
 from spotrun.ledger.rules import BillingRules
 from spotrun.providers import aws, gcp, local
@@ -34,3 +35,14 @@ def rules_for(provider: str) -> BillingRules:
         raise ConfigError(f"no billing rules for provider {provider!r}; allowed: "
                           f"{', '.join(FACTS)}", field="provider", value=provider)
     return rules
+
+
+def catalog_for(settings: Any) -> Catalog:
+    """The packaged catalog of the configured provider (its facts name the file)."""
+    return load_catalog(facts_for(settings).catalog)
+
+
+def od_price_for(settings: Any) -> Callable[[str], float | None]:
+    """On-demand USD/h by instance type in the configured provider's catalog and region."""
+    facts = facts_for(settings)
+    return catalog_od_price(facts.price_region(settings), facts.catalog)

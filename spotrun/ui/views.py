@@ -299,7 +299,7 @@ def audit_view(settings: Any, refs: list[str] | None = None, *, since: datetime 
     Job rows, already read, instead of refs."""
     from spotrun.audit import audit_jobs
     from spotrun.audit.regret import MODEL_FOR_JOB, use_observed_model
-    from spotrun.catalog import od_price_for
+    from spotrun.providers.facts import od_price_for
     # The hindsight builder is a module-level hook: set it for this call only, then restore.
     saved = MODEL_FOR_JOB.pop("default", None)
     try:
