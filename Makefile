@@ -6,8 +6,8 @@ STAMP := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
 # Three workers, one test module each at a time (module fixtures stay whole), even on 2 cores:
 # most tests wait on processes and paced market clocks, so two workers leave the cores idle
-# (2-core box: 661 s with three on a quiet box; 1,026 s with two beside a benchmark). The load fixture
-# shares its busy loops among the workers, so the machine carries the same load either way.
+# (2-core box: 661 s with three on a quiet box; 1,026 s with two beside a benchmark). The
+# load fixture shares its busy loops among the workers: the machine carries the same load.
 # Modules go out in collection order, which tests/conftest.py starts with the longest (xdist
 # would sort them by test count). TEST_WORKERS=0 runs in one process.
 TEST_WORKERS ?= 3
