@@ -15,6 +15,8 @@ from spotrun.simulate.engine import run_policy
 from spotrun.simulate.model import SimModel, build_model, pick_starts
 from spotrun.simulate.synthetic import regime_change_market
 
+from policy_helpers import assert_restarts_decide_the_same
+
 TICK_S = 300.0
 
 
@@ -77,37 +79,7 @@ def test_a_restarted_policy_on_a_daemon_grown_history_decides_the_same(name):
     trace, prices = regime_change_market(seed=4)
     m = build_model(trace, prices, spot_price_usd_per_hour=None, od_price_usd_per_hour=3.0,
                     work_hours=4.0, deadline_hours=6.0, changeover_hours=0.2)
-    start = 3580
-    ref = run_policy(m, make_policy(name), start, record=True)
-    h = m.history
-    grown = MarketHistory(h.pools, h.up[:start + 1], h.price[:start + 1],
-                          h.od_price_usd_per_hour, h.tick_s)
-    continuing = make_policy(name)
-    W, D, C = m.work_ticks, m.deadline_ticks, m.changeover_ticks
-    done, mode, pool, c_left = 0, Mode.IDLE, None, 0
-    for tau, d in enumerate(ref.decisions):
-        t = start + tau
-        if tau > 0:
-            grown = grown.extended(h.up[t], h.price[t])
-        if mode is Mode.SPOT and not h.up[t, h.pools.index(pool)]:
-            mode, pool, c_left = Mode.IDLE, None, 0
-            continue
-        job = JobProgress(work_total_s=W * h.tick_s, work_done_s=done * h.tick_s,
-                          time_left_s=(D - tau) * h.tick_s, elapsed_s=tau * h.tick_s,
-                          changeover_s=C * h.tick_s, tick_s=h.tick_s, mode=mode, pool=pool,
-                          changeover_left_s=c_left * h.tick_s)
-        assert continuing.decide(job, grown.view(t)) == d
-        assert make_policy(name).decide(job, grown.view(t)) == d    # a restarted daemon
-        if d.mode is Mode.IDLE:
-            mode, pool, c_left = Mode.IDLE, None, 0
-            continue
-        if (d.mode, d.pool) != (mode, pool):
-            mode, pool, c_left = d.mode, d.pool, C
-        if c_left > 0:
-            c_left -= 1
-        else:
-            done += 1
-    assert ref.deadline_met
+    assert assert_restarts_decide_the_same(m, name, 3580).deadline_met
 
 
 def test_the_table_matches_the_plan_it_was_solved_from():

@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from spotrun.decide.policy import JobProgress, Mode, make_policy
+from spotrun.decide.policy import JobProgress, make_policy
 from spotrun.decide.policy.market import MarketHistory
 from spotrun.decide.policy import spotrun as sel
 from spotrun.decide.policy.rules import OnDemandPolicy
@@ -17,6 +17,8 @@ from spotrun.simulate.engine import run_policy
 from spotrun.simulate.model import SimModel, build_model, pick_starts
 from spotrun.simulate.synthetic import regime_change_market
 from spotrun.traces import load_prices, load_trace
+
+from policy_helpers import assert_restarts_decide_the_same
 
 TICK_S = 600.0
 DATA = Path(__file__).resolve().parents[1] / "spotrun" / "data" / "traces"
@@ -103,38 +105,7 @@ def test_a_restarted_policy_on_a_daemon_grown_history_decides_the_same():
     trace, prices = regime_change_market(seed=1)
     m = build_model(trace, prices, spot_price_usd_per_hour=None, od_price_usd_per_hour=3.0,
                     work_hours=2.0, deadline_hours=3.0, changeover_hours=0.2)
-    start = 3550                                   # across the regime change at 3600
-    ref = run_policy(m, make_policy("spotrun"), start, record=True)
-    h = m.history
-    grown = MarketHistory(h.pools, h.up[:start + 1], h.price[:start + 1],
-                          h.od_price_usd_per_hour, h.tick_s)
-    continuing = make_policy("spotrun")
-    W, D, C = m.work_ticks, m.deadline_ticks, m.changeover_ticks
-    # replay the reference run's own states; at each tick a fresh policy (a restarted daemon)
-    # and the continuing one must both give the reference decision
-    done, mode, pool, c_left = 0, Mode.IDLE, None, 0
-    for tau, d in enumerate(ref.decisions):
-        t = start + tau
-        if tau > 0:
-            grown = grown.extended(h.up[t], h.price[t])
-        if mode is Mode.SPOT and not h.up[t, h.pools.index(pool)]:
-            mode, pool, c_left = Mode.IDLE, None, 0
-            continue
-        job = JobProgress(work_total_s=W * h.tick_s, work_done_s=done * h.tick_s,
-                          time_left_s=(D - tau) * h.tick_s, elapsed_s=tau * h.tick_s,
-                          changeover_s=C * h.tick_s, tick_s=h.tick_s, mode=mode, pool=pool,
-                          changeover_left_s=c_left * h.tick_s)
-        assert continuing.decide(job, grown.view(t)) == d
-        assert make_policy("spotrun").decide(job, grown.view(t)) == d
-        if d.mode is Mode.IDLE:
-            mode, pool, c_left = Mode.IDLE, None, 0
-            continue
-        if (d.mode, d.pool) != (mode, pool):
-            mode, pool, c_left = d.mode, d.pool, C
-        if c_left > 0:
-            c_left -= 1
-        else:
-            done += 1
+    assert_restarts_decide_the_same(m, "spotrun", 3550)    # across the regime change at 3600
 
 
 @pytest.mark.parametrize("policy", ["spotrun", "markov-tiers"])

@@ -6,8 +6,10 @@ config rides along as a comment line `# spotrun-agent-config: {...}`.
 
 from __future__ import annotations
 
+import json
+
 from spotrun.agent.config import AgentConfig
-from spotrun.errors import ConfigError
+from spotrun.errors import ConfigError, ProviderError
 
 MARKER = "# spotrun-agent-config: "
 
@@ -19,6 +21,21 @@ def embed_config(script: str, config: AgentConfig) -> str:
     if lines and lines[0].startswith("#!"):
         return "\n".join([lines[0], line, *lines[1:]]) + "\n"
     return "\n".join([line, *lines]) + "\n"
+
+
+def with_shutdown_command(agent_json: str, command: str) -> str:
+    """The agent config with `shutdown_command` set to command, unless one is set already."""
+    try:
+        cfg = json.loads(agent_json)
+    except ValueError:
+        raise ProviderError("the agent config is not JSON", field="user_data") from None
+    if not isinstance(cfg, dict):
+        raise ProviderError("the agent config is not a JSON object", field="user_data")
+    if cfg.get("shutdown_command"):
+        return agent_json
+    # Without it an agent that finished would leave a paid, idle instance behind.
+    cfg["shutdown_command"] = command
+    return json.dumps(cfg, sort_keys=True)
 
 
 def _parse(text: str) -> AgentConfig:

@@ -7,8 +7,7 @@ from urllib.parse import urlparse
 
 from spotrun.aws_clients import RetryPolicy, error_code, make_client
 from spotrun.catalog import load_catalog
-from spotrun.errors import ConfigError
-from spotrun.providers.checks import Check, Status
+from spotrun.providers.checks import Check, Status, run_check
 from spotrun.providers.aws.launch import LaunchConfig
 
 # Service Quotas codes of the spot vCPU limits, per instance family (first letters).
@@ -43,14 +42,7 @@ class AwsDoctor:
         return self._clients[service]
 
     def _run(self, name: str, fn: Callable[[], Check | list[Check]]) -> list[Check]:
-        try:
-            out = fn()
-        except ConfigError as exc:
-            return [Check(name, Status.FIX, str(exc))]
-        except Exception as exc:  # noqa: BLE001 - a check that cannot run is reported
-            code = error_code(exc) or type(exc).__name__
-            return [Check(name, Status.UNKNOWN, f"{code}: {str(exc)[:160]}")]
-        return out if isinstance(out, list) else [out]
+        return run_check(name, fn, error_code)
 
     def run(self) -> list[Check]:
         """All checks, in order; later ones still run when earlier ones fail."""

@@ -11,11 +11,11 @@ config back (used by the test harness, and by anyone debugging an instance).
 from __future__ import annotations
 
 import base64
-import json
 import shlex
 
 import yaml
 
+from spotrun.agent.userdata import MARKER, with_shutdown_command
 from spotrun.errors import ConfigError, ProviderError
 
 AGENT_DIR = "/var/lib/spotrun"      # the agent's --dir on every instance (AGENT_UNIT says it)
@@ -25,7 +25,6 @@ AGENT_CONFIG_PATH = "/etc/spotrun/agent.json"
 UNIT_PATH = "/etc/systemd/system/spotrun-agent.service"
 VENV = "/opt/spotrun"
 MAX_USER_DATA_BYTES = 16 * 1024     # EC2's limit on raw user data
-AGENT_MARKER = "# spotrun-agent-config: "   # same marker as spotrun.agent.userdata
 # Run by the agent after exit.json: the attempt is over, so is the instance.
 SHUTDOWN_COMMAND = "shutdown -h now"
 
@@ -58,27 +57,12 @@ WantedBy=multi-user.target
 """
 
 
-def with_shutdown_command(agent_json: str) -> str:
-    """The agent config with `shutdown_command` set to power off, unless one is set already."""
-    try:
-        cfg = json.loads(agent_json)
-    except ValueError:
-        raise ProviderError("the agent config is not JSON", field="user_data") from None
-    if not isinstance(cfg, dict):
-        raise ProviderError("the agent config is not a JSON object", field="user_data")
-    if cfg.get("shutdown_command"):
-        return agent_json
-    # Without this an agent that finished would leave a paid, idle instance behind.
-    cfg["shutdown_command"] = SHUTDOWN_COMMAND
-    return json.dumps(cfg, sort_keys=True)
-
-
 def render_user_data(agent_json: str, *, spotrun_install: str = "spotrun") -> str:
     """The #cloud-config document for one attempt (the agent powers off when it is done)."""
     if not spotrun_install.strip():
         raise ConfigError("must name a pip requirement", field="aws.spotrun_install",
                           value=spotrun_install)
-    agent_json = with_shutdown_command(agent_json)
+    agent_json = with_shutdown_command(agent_json, SHUTDOWN_COMMAND)
     doc = {
         "write_files": [
             {"path": AGENT_CONFIG_PATH, "permissions": "0600", "owner": "root:root",
@@ -93,7 +77,7 @@ def render_user_data(agent_json: str, *, spotrun_install: str = "spotrun") -> st
         ],
     }
     # The marker comment lets `spotrun agent --user-data-imds` read the config too.
-    text = ("#cloud-config\n" + AGENT_MARKER + agent_json.replace("\n", " ") + "\n"
+    text = ("#cloud-config\n" + MARKER + agent_json.replace("\n", " ") + "\n"
             + yaml.safe_dump(doc, sort_keys=False, width=1 << 20))
     if len(text.encode()) > MAX_USER_DATA_BYTES:
         raise ProviderError(f"user data is {len(text.encode())} bytes; EC2 allows 16 KiB",

@@ -12,8 +12,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from spotrun.catalog import load_catalog
-from spotrun.errors import ConfigError
-from spotrun.providers.checks import Check, Status
+from spotrun.providers.checks import Check, Status, run_check
 from spotrun.providers.gcp.ops import Clients, error_code
 
 # Accelerator type -> the GPU name in its quota metrics.
@@ -31,14 +30,7 @@ class GcpDoctor:
         self.clients = clients or Clients(self.gcp.endpoint_url)
 
     def _run(self, name: str, fn: Callable[[], Check | list[Check]]) -> list[Check]:
-        try:
-            out = fn()
-        except ConfigError as exc:
-            return [Check(name, Status.FIX, str(exc))]
-        except Exception as exc:  # noqa: BLE001 - a check that cannot run is reported
-            code = error_code(exc) or type(exc).__name__
-            return [Check(name, Status.UNKNOWN, f"{code}: {str(exc)[:160]}")]
-        return out if isinstance(out, list) else [out]
+        return run_check(name, fn, error_code)
 
     def run(self) -> list[Check]:
         """All checks, in order; later ones still run when earlier ones fail."""

@@ -22,8 +22,8 @@ from spotrun.catalog import Catalog
 from spotrun.errors import ConfigError
 from spotrun.providers.base import (TAG_ATTEMPT, TAG_JOB, TAG_MANAGED, TAG_NODE, LaunchRequest,
                                     Pool)
-from spotrun.providers.gcp.startup import (AGENT_CONFIG_KEY, TOKEN_KEY, render_startup_script,
-                                          with_shutdown_command)
+from spotrun.providers.gcp.startup import (AGENT_CONFIG_KEY, TOKEN_KEY, agent_config,
+                                          render_startup_script)
 from spotrun.states import Market
 
 TOKEN_LABEL = "spotrun_token"     # a hash of the client token (labels hold 63 characters)
@@ -159,7 +159,7 @@ def insert_body(cfg: LaunchConfig, catalog: Catalog, request: LaunchRequest, poo
     if elide_user_data:
         config, script = USER_DATA_PLACEHOLDER, USER_DATA_PLACEHOLDER
     else:
-        config = with_shutdown_command(request.user_data)
+        config = agent_config(request.user_data)
         script = render_startup_script(spotrun_install=cfg.spotrun_install)
     nic: dict[str, Any] = {}
     if cfg.network:

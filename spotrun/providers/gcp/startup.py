@@ -13,10 +13,10 @@ asks the job to save, then stops it) inside GCP's 30 s window.
 
 from __future__ import annotations
 
-import json
 import shlex
 from typing import Any, Iterable
 
+from spotrun.agent.userdata import with_shutdown_command
 from spotrun.errors import ConfigError, ProviderError
 
 AGENT_CONFIG_KEY = "spotrun-agent-config"     # instance metadata: the AgentConfig JSON
@@ -86,17 +86,9 @@ def render_startup_script(*, spotrun_install: str = "spotrun") -> str:
                           unit_text=AGENT_UNIT)
 
 
-def with_shutdown_command(agent_json: str) -> str:
+def agent_config(agent_json: str) -> str:
     """The agent config with `shutdown_command` = power off unless one is set; checked to fit."""
-    try:
-        cfg = json.loads(agent_json)
-    except ValueError:
-        raise ProviderError("the agent config is not JSON", field="user_data") from None
-    if not isinstance(cfg, dict):
-        raise ProviderError("the agent config is not a JSON object", field="user_data")
-    if not cfg.get("shutdown_command"):
-        cfg["shutdown_command"] = SHUTDOWN_COMMAND
-        agent_json = json.dumps(cfg, sort_keys=True)
+    agent_json = with_shutdown_command(agent_json, SHUTDOWN_COMMAND)
     if len(agent_json.encode()) > MAX_METADATA_VALUE_BYTES:
         raise ProviderError(f"the agent config is {len(agent_json.encode())} bytes; GCE metadata "
                             "values hold 256 KB", field="user_data",
