@@ -9,16 +9,16 @@ import base64
 import json
 import os
 import shlex
-import signal
 import subprocess
 import sys
-import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from spotrun.providers.local.market import imds as market_imds, procs
 from spotrun.providers.aws.userdata import agent_json_from_user_data
+
+from cloud_host import CloudHost
 
 POWEROFF_FILE = "poweroff"   # on an instance's disk: what its shutdown_command would have run
 
@@ -87,7 +87,7 @@ class Machine:
     gone: bool = False
 
 
-class InstanceHost:
+class InstanceHost(CloudHost):
     """Boots an agent for each managed instance moto reports running; plays power-off.
 
     A background thread polls EC2 (moto) every poll_s: a new running instance gets an
@@ -96,18 +96,13 @@ class InstanceHost:
     says is gone has its processes killed. Errors in the thread are kept in `errors`.
     """
 
+    thread_name = "instance-host"
+
     def __init__(self, ec2: Any, moto: Any, root: Path, env: dict[str, str] | None = None,
                  poll_s: float = 0.1) -> None:
+        super().__init__(root, env, poll_s)
         self.ec2 = ec2
         self.moto = moto
-        self.root = root
-        self.env = dict(env or {})
-        self.poll_s = poll_s
-        self.machines: dict[str, Machine] = {}
-        self.errors: list[str] = []
-        self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="instance-host", daemon=True)
 
     def start(self) -> "InstanceHost":
         """Start watching EC2; a FIS interruption's notice reaches the machine's IMDS."""
@@ -120,36 +115,15 @@ class InstanceHost:
         if m is not None:
             m.imds.notice("terminate", time_iso)
 
-    def machine(self, instance_id: str) -> Machine | None:
-        """The machine playing instance_id, once booted."""
-        with self._lock:
-            return self.machines.get(instance_id)
-
     def reclaim(self, instance_id: str) -> None:
         """EC2 takes the spot instance back: the machine vanishes, moto says reclaimed."""
         self._kill(instance_id)
         self.moto.reclaim(instance_id)
 
-    def stop(self) -> None:
-        """Stop watching; kill every process of every machine; stop the IMDS servers."""
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join(timeout=10)
-        with self._lock:
-            ids = list(self.machines)
-        for iid in ids:
-            self._kill(iid)
-            self.machines[iid].imds.stop()
+    def _close(self, machine: Machine) -> None:
+        machine.imds.stop()
 
     # ------------------------------------------------------------ the thread
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            try:
-                self._tick()
-            except Exception as exc:  # noqa: BLE001 - reported to the test, loop goes on
-                self.errors.append(f"{type(exc).__name__}: {exc}")
-            self._stop.wait(self.poll_s)
 
     def _tick(self) -> None:
         resp = self.ec2.describe_instances(Filters=[
@@ -170,14 +144,3 @@ class InstanceHost:
                 if (m.disk / POWEROFF_FILE).exists() and state == "running":
                     m.powered_off = True
                     self.moto.shutdown_from_inside(iid)
-
-    def _kill(self, instance_id: str) -> None:
-        m = self.machine(instance_id)
-        if m is None:
-            return
-        m.gone = True
-        procs.signal_instance(instance_id, m.proc.pid, m.ticks, signal.SIGKILL)
-        try:
-            m.proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self.errors.append(f"agent of {instance_id} survived SIGKILL")

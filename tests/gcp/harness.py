@@ -18,7 +18,6 @@ import shlex
 import signal
 import subprocess
 import sys
-import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,6 +25,8 @@ from spotrun.providers.gcp.launch import zone_of
 from spotrun.providers.gcp.metadata import HOST_ENV
 from spotrun.providers.gcp.startup import agent_json_from_metadata
 from spotrun.providers.local.market import procs
+
+from cloud_host import CloudHost
 
 from .compute_state import ComputeState
 from .metadata_server import MetadataServer
@@ -49,20 +50,15 @@ class Machine:
     gone: bool = False
 
 
-class GceHost:
+class GceHost(CloudHost):
     """Boots an agent per RUNNING managed VM of a ComputeState; plays soft-off and hard-off."""
+
+    thread_name = "gce-host"
 
     def __init__(self, state: ComputeState, root: Path, env: dict[str, str] | None = None,
                  poll_s: float = 0.1) -> None:
+        super().__init__(root, env, poll_s)
         self.state = state
-        self.root = root
-        self.env = dict(env or {})
-        self.poll_s = poll_s
-        self.machines: dict[str, Machine] = {}
-        self.errors: list[str] = []
-        self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="gce-host", daemon=True)
 
     def start(self) -> "GceHost":
         """Start watching the fake; its preemptions and deletions reach the machines."""
@@ -71,21 +67,8 @@ class GceHost:
         self._thread.start()
         return self
 
-    def machine(self, name: str) -> Machine | None:
-        """The machine playing a VM, once booted."""
-        with self._lock:
-            return self.machines.get(name)
-
-    def stop(self) -> None:
-        """Stop watching; kill every machine's processes; stop the metadata servers."""
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join(timeout=10)
-        with self._lock:
-            names = list(self.machines)
-        for name in names:
-            self._kill(name)
-            self.machines[name].metadata.stop()
+    def _close(self, machine: Machine) -> None:
+        machine.metadata.stop()
 
     # ------------------------------------------------------------ GCP's hooks
 
@@ -100,27 +83,6 @@ class GceHost:
             m.proc.send_signal(signal.SIGTERM)   # systemd stopping the unit's main process
         except ProcessLookupError:
             pass
-
-    def _kill(self, name: str) -> None:
-        m = self.machine(name)
-        if m is None or m.gone:
-            return
-        m.gone = True
-        procs.signal_instance(name, m.proc.pid, m.ticks, signal.SIGKILL)
-        try:
-            m.proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self.errors.append(f"agent of {name} survived SIGKILL")
-
-    # ------------------------------------------------------------ the thread
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            try:
-                self._tick()
-            except Exception as exc:  # noqa: BLE001 - reported to the test, loop goes on
-                self.errors.append(f"{type(exc).__name__}: {exc}")
-            self._stop.wait(self.poll_s)
 
     def _tick(self) -> None:
         import time
