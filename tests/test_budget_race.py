@@ -16,6 +16,7 @@ import sys
 import threading
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Callable, Iterator
 
 import pytest
 from sqlmodel import select
@@ -52,12 +53,11 @@ def db_url(request: pytest.FixtureRequest) -> str | None:
     return request.getfixturevalue("pg_db")
 
 
-def test_racing_submitters_and_passes_never_pass_the_budget(db_url, tmp_path: Path,
-                                                            instance_command: str,
-                                                            monkeypatch: pytest.MonkeyPatch):
-    home = tmp_path / "rig" / "home"
-    env_db = {"SPOTRUN_DB_URL": db_url} if db_url else {}
-    monkeypatch.setenv("SPOTRUN_HOME", str(home))
+@pytest.fixture
+def rig(db_url, tmp_path: Path, instance_command: str,
+        monkeypatch: pytest.MonkeyPatch) -> Iterator[BudgetRig]:
+    """A home on that database whose project `race` has a month's budget of BUDGET_USD."""
+    monkeypatch.setenv("SPOTRUN_HOME", str(tmp_path / "rig" / "home"))
     if db_url:
         monkeypatch.setenv("SPOTRUN_DB_URL", db_url)
     else:
@@ -66,109 +66,101 @@ def test_racing_submitters_and_passes_never_pass_the_budget(db_url, tmp_path: Pa
                     datetime(2030, 3, 10, 12, 0, tzinfo=timezone.utc),
                     f'[budgets.project.race]\nusd = {BUDGET_USD}\nperiod = "month"\n')
     try:
-        spec = tmp_path / "race.yaml"
-        # Each job's own cap fits the budget: submit accepts them all; the launches race.
-        spec.write_text("name: race\ncommand: 'true'\nproject: race\n"
-                        "resources: {instance_types: [p3.2xlarge]}\n"
-                        "work: {reference_hours: 1.0, reference_instance: p3.2xlarge}\n"
-                        "policy: {market: spot, budget_usd: 1.5}\n")
-        script = tmp_path / "submitter.py"
-        script.write_text(SUBMITTER)
-        env = {"PATH": "/usr/bin:/bin", "SPOTRUN_HOME": str(home), **env_db}
-        submitters = [subprocess.Popen([sys.executable, str(script), str(spec),
-                                        str(PER_SUBMITTER)], env=env, stderr=subprocess.PIPE,
-                                       text=True) for _ in range(2)]
-        for p in submitters:
-            _, err = p.communicate(timeout=120)
-            assert p.returncode == 0, err[-2000:]
-        assert len(rig.jobs()) == 2 * PER_SUBMITTER
-
-        second = rig.context()   # another daemon's: an engine of its own
-        passes = [rig.scheduler, SchedulerLoop(second)]
-        errors: list[BaseException] = []
-        for _ in range(3):
-            rig.advance(3.0)   # past a waiting job's retry delay
-            start = threading.Barrier(len(passes))
-
-            def run(loop: SchedulerLoop) -> None:
-                try:
-                    start.wait(timeout=30)
-                    loop.tick(rig.now())
-                except BaseException as exc:   # the assertion below reports it
-                    errors.append(exc)
-            threads = [threading.Thread(target=run, args=(p,)) for p in passes]
-            for t in threads:
-                t.start()
-            for t in threads:
-                t.join(timeout=120)
-        assert not errors, errors
-        with session(rig.ctx.engine) as s:
-            live = list(s.exec(select(Attempt).where(Attempt.state != AttemptState.ENDED)))
-            jobs = list(s.exec(select(Job)))
-        committed = sum(launch_commitment_usd(a.price_usd_per_hour, a.nodes, stop_margin_s(1.0))
-                        for a in live)
-        assert committed <= BUDGET_USD + COMMIT_USD, (len(live), committed)
-        assert len(live) == int(BUDGET_USD // COMMIT_USD)   # and the room was used
-        assert len({a.job_id for a in live}) == len(live)   # one attempt per job
-        waiting = [j for j in jobs if j.state is JobState.QUEUED]
-        assert len(waiting) == 2 * PER_SUBMITTER - len(live)
-        assert all(j.reason.startswith("budget project race: ") for j in waiting)
-        second.engine.dispose()
+        yield rig
     finally:
         rig.close()
 
 
-def test_launch_intents_written_at_the_same_moment_hold_the_budget(db_url, tmp_path: Path,
-                                                                    instance_command: str,
-                                                                    monkeypatch):
+def run_together(calls: list[Callable[[], None]]) -> list[BaseException]:
+    """Start every call at one barrier, each on a thread of its own; what they raised."""
+    start = threading.Barrier(len(calls))
+    errors: list[BaseException] = []
+
+    def run(call: Callable[[], None]) -> None:
+        try:
+            start.wait(timeout=30)
+            call()
+        except BaseException as exc:   # the caller's assertion reports it
+            errors.append(exc)
+    threads = [threading.Thread(target=run, args=(c,)) for c in calls]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    return errors
+
+
+def live_commitment(rig: BudgetRig) -> tuple[list[Attempt], float]:
+    """The attempts not ended, and what their launches committed in all (USD)."""
+    with session(rig.ctx.engine) as s:
+        live = list(s.exec(select(Attempt).where(Attempt.state != AttemptState.ENDED)))
+    return live, sum(launch_commitment_usd(a.price_usd_per_hour, a.nodes, stop_margin_s(1.0))
+                     for a in live)
+
+
+def test_racing_submitters_and_passes_never_pass_the_budget(db_url, rig: BudgetRig,
+                                                            tmp_path: Path):
+    home = tmp_path / "rig" / "home"
+    env_db = {"SPOTRUN_DB_URL": db_url} if db_url else {}
+    spec = tmp_path / "race.yaml"
+    # Each job's own cap fits the budget: submit accepts them all; the launches race.
+    spec.write_text("name: race\ncommand: 'true'\nproject: race\n"
+                    "resources: {instance_types: [p3.2xlarge]}\n"
+                    "work: {reference_hours: 1.0, reference_instance: p3.2xlarge}\n"
+                    "policy: {market: spot, budget_usd: 1.5}\n")
+    script = tmp_path / "submitter.py"
+    script.write_text(SUBMITTER)
+    env = {"PATH": "/usr/bin:/bin", "SPOTRUN_HOME": str(home), **env_db}
+    submitters = [subprocess.Popen([sys.executable, str(script), str(spec),
+                                    str(PER_SUBMITTER)], env=env, stderr=subprocess.PIPE,
+                                   text=True) for _ in range(2)]
+    for p in submitters:
+        _, err = p.communicate(timeout=120)
+        assert p.returncode == 0, err[-2000:]
+    assert len(rig.jobs()) == 2 * PER_SUBMITTER
+
+    second = rig.context()   # another daemon's: an engine of its own
+    passes = [rig.scheduler, SchedulerLoop(second)]
+    errors: list[BaseException] = []
+    for _ in range(3):
+        rig.advance(3.0)   # past a waiting job's retry delay
+        errors += run_together([lambda loop=loop: loop.tick(rig.now()) for loop in passes])
+    assert not errors, errors
+    live, committed = live_commitment(rig)
+    with session(rig.ctx.engine) as s:
+        jobs = list(s.exec(select(Job)))
+    assert committed <= BUDGET_USD + COMMIT_USD, (len(live), committed)
+    assert len(live) == int(BUDGET_USD // COMMIT_USD)   # and the room was used
+    assert len({a.job_id for a in live}) == len(live)   # one attempt per job
+    waiting = [j for j in jobs if j.state is JobState.QUEUED]
+    assert len(waiting) == 2 * PER_SUBMITTER - len(live)
+    assert all(j.reason.startswith("budget project race: ") for j in waiting)
+    second.engine.dispose()
+
+
+def test_launch_intents_written_at_the_same_moment_hold_the_budget(rig: BudgetRig):
     # The unit of the guarantee: eight launches reach their intent's transaction together,
     # each from a scheduler (and database engine) of its own, every one having read $2.00
     # left at the start of its pass. The budget check inside the transaction lets four in.
-    home = tmp_path / "rig" / "home"
-    monkeypatch.setenv("SPOTRUN_HOME", str(home))
-    if db_url:
-        monkeypatch.setenv("SPOTRUN_DB_URL", db_url)
-    else:
-        monkeypatch.delenv("SPOTRUN_DB_URL", raising=False)
-    rig = BudgetRig(tmp_path / "rig", instance_command,
-                    datetime(2030, 3, 10, 12, 0, tzinfo=timezone.utc),
-                    f'[budgets.project.race]\nusd = {BUDGET_USD}\nperiod = "month"\n')
-    try:
-        n = 8
-        ids = [rig.submit(f"r{k}", project="race") for k in range(n)]
-        loops = [SchedulerLoop(rig.context()) for _ in range(n)]
-        now = rig.now()
-        work = []
-        for loop, job_id in zip(loops, ids):
-            loop.scopes.pass_start(now)
-            with session(loop.ctx.engine) as s:
-                job = s.get(Job, job_id)
-            placed = placement_for(loop.ctx, job, job_spec(job))
-            assert loop.scopes.wait_reason(job, placed.candidates[0].price_usd_per_hour, 1) \
-                is None   # each pass alone sees room
-            work.append((loop, job, placed.candidates[:MAX_CANDIDATES]))
-        start = threading.Barrier(n)
-        errors: list[BaseException] = []
-
-        def run(loop: SchedulerLoop, job: Job, choices: list) -> None:
-            try:
-                start.wait(timeout=30)
-                loop._start_attempt(job, [], choices, now)
-            except BaseException as exc:   # reported below
-                errors.append(exc)
-        threads = [threading.Thread(target=run, args=w) for w in work]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(timeout=120)
-        assert not errors, errors
-        with session(rig.ctx.engine) as s:
-            live = list(s.exec(select(Attempt).where(Attempt.state != AttemptState.ENDED)))
-        committed = sum(launch_commitment_usd(a.price_usd_per_hour, a.nodes, stop_margin_s(1.0))
-                        for a in live)
-        assert committed <= BUDGET_USD + COMMIT_USD, (len(live), committed)
-        assert len(live) == int(BUDGET_USD // COMMIT_USD)
-        for loop in loops:
-            loop.ctx.engine.dispose()
-    finally:
-        rig.close()
+    n = 8
+    ids = [rig.submit(f"r{k}", project="race") for k in range(n)]
+    loops = [SchedulerLoop(rig.context()) for _ in range(n)]
+    now = rig.now()
+    work = []
+    for loop, job_id in zip(loops, ids):
+        loop.scopes.pass_start(now)
+        with session(loop.ctx.engine) as s:
+            job = s.get(Job, job_id)
+        placed = placement_for(loop.ctx, job, job_spec(job))
+        assert loop.scopes.wait_reason(job, placed.candidates[0].price_usd_per_hour, 1) \
+            is None   # each pass alone sees room
+        work.append((loop, job, placed.candidates[:MAX_CANDIDATES]))
+    errors = run_together([lambda loop=loop, job=job, choices=choices:
+                           loop._start_attempt(job, [], choices, now)
+                           for loop, job, choices in work])
+    assert not errors, errors
+    live, committed = live_commitment(rig)
+    assert committed <= BUDGET_USD + COMMIT_USD, (len(live), committed)
+    assert len(live) == int(BUDGET_USD // COMMIT_USD)
+    for loop in loops:
+        loop.ctx.engine.dispose()
