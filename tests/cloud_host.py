@@ -10,7 +10,15 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from spotrun.config import AgentSettings, DaemonSettings
 from spotrun.providers.local.market import procs
+
+# The cloud end-to-end tests' loops: fast enough that a test takes a minute, not an hour.
+FAST_DAEMON = DaemonSettings(schedule_interval_s=0.2, reconcile_interval_s=0.2,
+                             heartbeat_interval_s=0.2, spend_interval_s=1.0,
+                             liveness_interval_s=1.0, heartbeat_timeout_s=120.0)
+FAST_AGENT = AgentSettings(heartbeat_interval_s=0.2, notice_poll_interval_s=0.2,
+                           log_flush_interval_s=0.5)
 
 
 class CloudHost:

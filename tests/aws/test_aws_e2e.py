@@ -25,7 +25,6 @@ from test_e2e_local import TRAIN_ARGS, _sha, job_log, wait_for
 from spotrun import layout
 from spotrun.agent.config import AgentConfig
 from spotrun.aws_clients import make_client
-from spotrun.config import AgentSettings, DaemonSettings
 from spotrun.daemon.app import build_context, build_runner
 from spotrun.db import Attempt, Job, attempts_of, session
 from spotrun.errors import ObjectNotFound, ProviderError, StoreError
@@ -37,17 +36,14 @@ from spotrun.providers.base import LaunchRequest, Pool
 from spotrun.states import AttemptState, EndReason, JobState, Market
 from spotrun.store import open_store
 
+from cloud_host import FAST_AGENT as AGENT, FAST_DAEMON as DAEMON
+
 from .harness import POWEROFF_FILE, InstanceHost
 from .moto_fixtures import FAKE_ENV, MotoServer, moto_settings
 
 REPO = Path(__file__).resolve().parents[2]
 BUCKET = "spotrun-e2e"
 TYPE = "g5.xlarge"
-DAEMON = DaemonSettings(schedule_interval_s=0.2, reconcile_interval_s=0.2,
-                        heartbeat_interval_s=0.2, spend_interval_s=1.0,
-                        liveness_interval_s=1.0, heartbeat_timeout_s=120.0)
-AGENT = AgentSettings(heartbeat_interval_s=0.2, notice_poll_interval_s=0.2,
-                      log_flush_interval_s=0.5)
 
 
 @pytest.fixture

@@ -24,7 +24,6 @@ from daemon_helpers import all_booked
 from test_e2e_local import _sha, finished, job_log, running_attempt, wait_for
 
 from spotrun import layout
-from spotrun.config import AgentSettings, DaemonSettings
 from spotrun.daemon.app import build_context, build_runner
 from spotrun.db import SpendEntry, attempts_of, session
 from spotrun.errors import ObjectNotFound, StoreError
@@ -38,6 +37,8 @@ from spotrun.states import EndReason, JobState, Market, TerminationCause
 from spotrun.store import open_store
 from spotrun.ui.views import audit_view
 
+from cloud_host import FAST_AGENT as AGENT, FAST_DAEMON as DAEMON
+
 from .compute_state import ComputeState
 from .fake_compute import FakeCompute
 from .gce_fixtures import gcp_settings
@@ -49,11 +50,6 @@ REPO = Path(__file__).resolve().parents[2]
 # the suite's load; the replacement still has most of the run to do.
 TRAIN_ARGS = "--steps 600 --hidden 64 --samples 2048 --log-every 200 --metrics metrics.csv"
 TYPE = "g2-standard-4"
-DAEMON = DaemonSettings(schedule_interval_s=0.2, reconcile_interval_s=0.2,
-                        heartbeat_interval_s=0.2, spend_interval_s=1.0,
-                        liveness_interval_s=1.0, heartbeat_timeout_s=120.0)
-AGENT = AgentSettings(heartbeat_interval_s=0.2, notice_poll_interval_s=0.2,
-                      log_flush_interval_s=0.5)
 
 
 @pytest.fixture
