@@ -124,8 +124,8 @@ def test_the_tiered_plan_waits_for_the_cheaper_pool_only_while_the_slack_allows(
     chain = dp.Chain(market=np.array([[1.0, 0.0, 0.0], [0.0, 1.0, 0.0], [0.0, 0.5, 0.5]]),
                      spot=np.eye(2), after_reclaim=np.array([[1.0, 0.0, 0.0]] * 2),
                      od_usd=3.0, spot_usd=np.array([0.5, 1.5]), od_launch_usd=6.0,
-                     spot_launch_usd=np.array([1.0, 3.0]))
-    t = dp.solve(20, 40, 2, chain, 1, (0, 1))
+                     spot_launch_usd=np.array([1.0, 3.0]), tier_of=(0, 1))
+    t = dp.solve(20, 40, 2, chain, 1)
     dear_only = dp.decision_state("idle", 2, 0, t.tiers)
     cheap_up = dp.decision_state("idle", 1, 0, t.tiers)
     assert t.action(dear_only, 40, 20) == dp.WAIT

@@ -131,17 +131,17 @@ def fit(h: MarketHistory, row: int, shape: tuple[int, int, int], g: int,
         np.add.at(after[t], m[late + 1 + g], 1.0)
         after[t, 0] += 1.0
         after[t] /= after[t].sum()
-    price = h.price_rows[row]
-    live = h.up_rows[row]
-    tier_usd = np.array([min([p for p, u, k in zip(price, live, tier_of) if u and k == t]
-                             or [p for p, k in zip(price, tier_of) if k == t])
-                         for t in range(T)])
+    # a tier's price: its cheapest pool up at the refit (with none up, its cheapest pool)
+    price = np.asarray(h.price_rows[row])
+    live = np.asarray(h.up_rows[row])
+    tier_usd = np.array([price[(tiers == t) & live].min() if ((tiers == t) & live).any()
+                         else price[tiers == t].min() for t in range(T)])
     tick_h = h.tick_s / 3600.0
     od = h.od_price_usd_per_hour
     return dp.Chain(market=np.linalg.matrix_power(market, g), spot=spot, after_reclaim=after,
                     od_usd=g * od * tick_h, spot_usd=g * tier_usd * tick_h,
                     od_launch_usd=changeover * od * tick_h,
-                    spot_launch_usd=changeover * tier_usd * tick_h)
+                    spot_launch_usd=changeover * tier_usd * tick_h, tier_of=tier_of)
 
 
 def table_for(h: MarketHistory, row: int, shape: tuple[int, int, int],
@@ -155,8 +155,7 @@ def table_for(h: MarketHistory, row: int, shape: tuple[int, int, int],
         return hit
     work, deadline, changeover = shape
     g = dp.step_ticks(deadline, changeover)
-    table = dp.solve(work, deadline, changeover, fit(h, row, shape, g, max_tiers), g,
-                     price_tiers(h.price_rows[row], max_tiers))
+    table = dp.solve(work, deadline, changeover, fit(h, row, shape, g, max_tiers), g)
     cache[key] = table
     held = sum(t.nbytes for t in cache.values())
     while held > _CACHE_BYTES and len(cache) > 1:

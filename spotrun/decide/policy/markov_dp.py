@@ -60,6 +60,7 @@ class Chain:
     spot_usd: np.ndarray | float          # one step on spot, per tier
     od_launch_usd: float        # a changeover on on-demand
     spot_launch_usd: np.ndarray | float   # a changeover on spot, per tier
+    tier_of: tuple[int, ...] = ()         # each pool's tier (empty: not fitted on pools)
 
     @property
     def tiers(self) -> int:
@@ -107,7 +108,7 @@ class Table:
 
 
 def solve(work_ticks: int, deadline_ticks: int, changeover_ticks: int, chain: Chain,
-          g: int, tier_of: tuple[int, ...] = ()) -> Table:
+          g: int) -> Table:
     """Backward induction over time left (steps), vectorised over work left and states."""
     W = -(-work_ticks // g)
     K = deadline_ticks // g
@@ -181,5 +182,5 @@ def solve(work_ticks: int, deadline_ticks: int, changeover_ticks: int, chain: Ch
             prev[s, r] = row[s, r]
     all_keys = np.concatenate(keys)
     order = np.argsort(all_keys, kind="stable")
-    return Table(g=g, work_steps=W, time_steps=K, tiers=T, tier_of=tuple(tier_of),
+    return Table(g=g, work_steps=W, time_steps=K, tiers=T, tier_of=chain.tier_of,
                  keys=all_keys[order], acts=np.concatenate(acts)[order])
