@@ -197,18 +197,14 @@ class SchedulerLoop:
             self.decisions.keep(job, spec, key, placed, now)
         if not placed.candidates:
             why = placed.wait_reason or "no pool can take the job now"
+        else:   # a pool can take it: does a project or owner budget let it?
+            why = self.scopes.wait_reason(job, placed.candidates[0].price_usd_per_hour,
+                                          spec.resources.nodes)
+        if why is not None:
             self._no_capacity_until[job.id] = now + timedelta(seconds=RETRY_AFTER_NO_CAPACITY_S)
             if job.reason != why:
                 # status reads the live text (prices, pools); the history gets one event per
                 # change of what the job waits for, not one per price move (reason_kind).
-                waits.append((job.id, why, job.reason is None
-                              or reason_kind(job.reason) != reason_kind(why)))
-            return
-        nodes = self._spec(job).resources.nodes
-        why = self.scopes.wait_reason(job, placed.candidates[0].price_usd_per_hour, nodes)
-        if why is not None:
-            self._no_capacity_until[job.id] = now + timedelta(seconds=RETRY_AFTER_NO_CAPACITY_S)
-            if job.reason != why:
                 waits.append((job.id, why, job.reason is None
                               or reason_kind(job.reason) != reason_kind(why)))
             return
