@@ -119,22 +119,26 @@ def choose_candidate(market: MarketView, shape: tuple[int, int, int],
         rule = current
     if plan_first:
         # the plan unless that rule beat it beyond the windows' own noise (and the move)
-        loss = costs[PLAN] - costs[rule]
-        noise = float(loss.std(ddof=1) / np.sqrt(len(loss))) if len(loss) > 1 else 0.0
-        if float(loss.mean()) > (margin if current == PLAN else 0.0) + noise:
-            return rule
-        return PLAN
+        leave = margin if current == PLAN else 0.0
+        return rule if beats(costs[rule], costs[PLAN], leave) else PLAN
     best = rule
-    # an own candidate only when it beats that rule beyond the windows' own noise
+    # an own candidate only when it beats that rule beyond the windows' own noise (staying
+    # on it needs no move)
     for name in names:
         if name in RULES:
             continue
-        saving = costs[rule] - costs[name]
-        noise = float(saving.std(ddof=1) / np.sqrt(len(saving))) if len(saving) > 1 else 0.0
-        keep = name == current      # staying on it needs no move
-        if float(saving.mean()) > (0.0 if keep else margin) + noise and mean[name] < mean[best]:
+        move = 0.0 if name == current else margin
+        if beats(costs[name], costs[rule], move) and mean[name] < mean[best]:
             best = name
     return best
+
+
+def beats(ours: np.ndarray, theirs: np.ndarray, margin_usd: float) -> bool:
+    """Whether ours saved more than margin_usd plus the standard error of the saving, on
+    average over the windows (their own noise)."""
+    saving = theirs - ours
+    noise = float(saving.std(ddof=1) / np.sqrt(len(saving))) if len(saving) > 1 else 0.0
+    return float(saving.mean()) > margin_usd + noise
 
 
 class SpotrunPolicy:
