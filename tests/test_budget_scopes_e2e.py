@@ -81,7 +81,7 @@ def test_a_project_budget_stops_its_jobs_end_to_end(tmp_home: Path, tmp_path: Pa
             [b] = budgets_view(ctx.settings, engine=ctx.engine)
             return b["left_usd"] < COMMIT_USD and not b["running_jobs"] and sum(
                 js[j].state is JobState.BUDGET_EXHAUSTED for j in ids) >= 2
-        wait_for(settled, 60, "the project's jobs to stop at its budget")
+        wait_for(settled, 180, "the project's jobs to stop at its budget")
         runner.stop(wait=True)
         once = build_runner(ctx)   # a stopped runner runs nothing: passes of a fresh one
         once.run_once()            # book the last seconds

@@ -19,7 +19,7 @@ from spotrun.db import Event, Meta, session, utcnow
 from spotrun.notify import events as ev
 from spotrun.notify.config import parse_notify
 from spotrun.notify.deliver import Deliverer, Post
-from spotrun.notify.outbox import NotifyOutbox
+from spotrun.notify.outbox import NotifyOutbox, add_missing
 
 WATERMARK = "notify:last_event_id"
 
@@ -62,14 +62,7 @@ class NotifyLoop:
                 s.commit()
                 return
             alerts, mark = self._alerts(s, int(meta.value))
-            keys = {(r.event_key, r.webhook) for r in s.exec(
-                select(NotifyOutbox).where(NotifyOutbox.event_key.in_([a.key for a in alerts])))}
-            for a in alerts:
-                for hook in self.config.targets(a.event):
-                    if (a.key, hook) not in keys:
-                        keys.add((a.key, hook))
-                        s.add(NotifyOutbox(event_key=a.key, event=a.event, job_id=a.job_id,
-                                           webhook=hook, text=a.text))
+            add_missing(s, alerts, self.config.targets)
             meta.value = str(mark)
             s.add(meta)
             try:

@@ -10,9 +10,10 @@ a receiver can drop such a repeat.
 from __future__ import annotations
 
 from datetime import datetime
+from typing import Any, Callable, Iterable
 
 from sqlalchemy import UniqueConstraint
-from sqlmodel import Field, SQLModel
+from sqlmodel import Field, SQLModel, select
 
 from spotrun.db import UTCDateTime, utcnow
 
@@ -34,3 +35,20 @@ class NotifyOutbox(SQLModel, table=True):
     delivered_at: datetime | None = Field(default=None, sa_type=UTCDateTime, index=True)
     given_up: bool = False
     last_error: str = ""
+
+
+def add_missing(s: Any, alerts: Iterable[Any], targets: Callable[[str], list[str]]) -> int:
+    """Add in session s an outbox row per (alert, webhook of its event) not queued yet (Alert
+    items; targets: the webhooks an event goes to); how many rows were added."""
+    alerts = list(alerts)
+    have = {(r.event_key, r.webhook) for r in s.exec(
+        select(NotifyOutbox).where(NotifyOutbox.event_key.in_([a.key for a in alerts])))}
+    added = 0
+    for a in alerts:
+        for hook in targets(a.event):
+            if (a.key, hook) not in have:
+                have.add((a.key, hook))
+                s.add(NotifyOutbox(event_key=a.key, event=a.event, job_id=a.job_id,
+                                   webhook=hook, text=a.text))
+                added += 1
+    return added

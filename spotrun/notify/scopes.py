@@ -16,12 +16,11 @@ from __future__ import annotations
 from typing import Any, Iterable
 
 from sqlalchemy.exc import IntegrityError
-from sqlmodel import select
 
 from spotrun.db import session
 from spotrun.notify.config import NotifyConfig
 from spotrun.notify.events import Alert
-from spotrun.notify.outbox import NotifyOutbox
+from spotrun.notify.outbox import add_missing
 
 
 def scope_alerts(standing: Iterable[Any], warn_fraction: float) -> list[Alert]:
@@ -59,16 +58,8 @@ class ScopeAlerts:
                if a.key not in self._queued]
         if not due:
             return 0
-        added = 0
         with session(self.engine) as s:
-            have = {(r.event_key, r.webhook) for r in s.exec(
-                select(NotifyOutbox).where(NotifyOutbox.event_key.in_([a.key for a in due])))}
-            for a in due:
-                for hook in self.config.targets(a.event):
-                    if (a.key, hook) not in have:
-                        s.add(NotifyOutbox(event_key=a.key, event=a.event, job_id=a.job_id,
-                                           webhook=hook, text=a.text))
-                        added += 1
+            added = add_missing(s, due, self.config.targets)
             try:
                 s.commit()
             except IntegrityError:   # another daemon queued one first: it stays one; the
