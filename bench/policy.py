@@ -42,7 +42,7 @@ from spotrun.traces import load_prices, load_trace
 
 ROOT = Path(__file__).resolve().parents[1]
 RULES = ("greedy", "uniform-progress")
-ONLINE = (*RULES, "markov", "spotrun-plan", "spotrun")
+ONLINE = (*RULES, "markov", "markov-tiers", "spotrun-plan", "spotrun")
 JUDGED = ("spotrun-plan", "spotrun")
 # The achievability bound per setting, as recorded (see the file's "source").
 BOUND_FILE = Path(__file__).resolve().parent / "policy_bound_recorded.json"

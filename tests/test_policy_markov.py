@@ -10,6 +10,8 @@ import pytest
 from spotrun.decide.policy import JobProgress, Mode, make_policy
 from spotrun.decide.policy import markov as mk
 from spotrun.decide.policy import markov_dp as dp
+from spotrun.decide.policy import markov_refit as refit
+from spotrun.decide.policy.base import ON_DEMAND
 from spotrun.decide.policy.market import MarketHistory
 from spotrun.simulate.engine import run_policy
 from spotrun.simulate.model import SimModel, build_model, pick_starts
@@ -110,7 +112,7 @@ def test_the_table_matches_the_plan_it_was_solved_from():
 
 def test_pools_fall_into_price_tiers_cheapest_first():
     # 0.9 | 1.0, 1.02 (within 5 % of 1.0) | 1.15 | 1.3
-    assert mk.price_tiers([1.0, 1.3, 0.9, 1.02, 1.15]) == (1, 3, 0, 1, 2)
+    assert mk.price_tiers([1.0, 1.3, 0.9, 1.02, 1.15], max_tiers=4) == (1, 3, 0, 1, 2)
     assert mk.price_tiers([1.0, 1.3, 0.9, 1.02, 1.15], max_tiers=2) == (1, 1, 0, 1, 1)
     assert mk.price_tiers([0.9, 0.9, 0.9], max_tiers=4) == (0, 0, 0)
     up = np.array([[0, 0, 0], [1, 1, 0], [0, 1, 0], [0, 0, 1]], dtype=bool)
@@ -177,3 +179,65 @@ def test_on_the_regime_change_family_it_beats_the_better_rule(pools, work_h, fac
         assert all(r.deadline_met for r in runs), name
         mean[name] = float(np.mean([r.cost_usd for r in runs]))
     assert mean["markov"] < min(mean["greedy"], mean["uniform-progress"])
+
+
+def test_the_fit_reaches_back_two_days_for_a_short_job():
+    # a 40-tick deadline (3.3 h), but rows up to 48 h back shape the model
+    rng = np.random.default_rng(4)
+    col = rng.random(800) < 0.7
+    old = np.concatenate([col[:400], ~col[400:500], col[500:]])   # 25-33 h before row 800
+    a, b = model_of(col, 20, 40, 2).history, model_of(old, 20, 40, 2).history
+    assert not np.array_equal(mk.fit(a, 799, (20, 40, 2), 1).market,
+                              mk.fit(b, 799, (20, 40, 2), 1).market)
+
+
+def test_a_change_in_the_pools_price_order_refits_the_tiered_plan():
+    # both pools always up; at row 200 the cheap one becomes the dear one
+    n = 400
+    price = np.where(np.arange(n)[:, None] < 200, [0.5, 1.5], [1.5, 0.5])
+    h = MarketHistory(["a", "b"], np.ones((n, 2), dtype=bool), price, 3.0, TICK_S)
+    assert refit.tier_changes(h, mk.MAX_TIERS) == [200]
+    assert refit.base_row(h, 250, 500, mk.MAX_TIERS) == 200
+    assert refit.base_row(h, 250, 500, 1) == 0            # one tier: no order to follow
+    # a long deadline: its grid's refit (row 0) is far behind
+    job = JobProgress(work_total_s=200 * TICK_S, work_done_s=0.0,
+                      time_left_s=1000 * TICK_S, elapsed_s=0.0, changeover_s=2 * TICK_S,
+                      tick_s=TICK_S, mode=Mode.IDLE)
+    assert make_policy("markov-tiers").decide(job, h.view(150)).pool == "a"
+    assert make_policy("markov-tiers").decide(job, h.view(250)).pool == "b"
+
+
+def test_a_change_point_is_found_only_where_the_chain_changed():
+    rng = np.random.default_rng(7)
+    steady = (rng.random(600) < 0.8).astype(int)
+    assert refit.change_point(steady, 2) == 0
+    # up 4 ticks in 5, then up 1 tick in 5: the split lands near row 300
+    changed = np.concatenate([rng.random(300) < 0.8, rng.random(300) < 0.2]).astype(int)
+    assert abs(refit.change_point(changed, 2) - 300) < 30
+
+
+def test_an_outage_far_longer_than_the_model_refits_it_from_the_regime_change(monkeypatch):
+    """Days of 3-tick outages, then (from row 460) 24-tick ones. The job's refit grid row is
+    450, so the model in force saw only short outages; an outage past twice its mean refits
+    it on the rows after the change, and the plan bridges the next outage on on-demand
+    instead of waiting its slack away."""
+    first = (np.arange(460) % 24) < 21
+    second = (np.arange(300) % 30) < 6                        # up 6 ticks, down 24
+    h = model_of(np.concatenate([first, second]), 200, 450, 2).history
+    row = 650                                                  # 4 ticks into an outage
+
+    def job_at(r: int) -> JobProgress:
+        # started at row 450, 30 ticks of slack left
+        return JobProgress(work_total_s=200 * TICK_S, work_done_s=(r - 670) * TICK_S,
+                           time_left_s=(900 - r) * TICK_S, elapsed_s=(r - 450) * TICK_S,
+                           changeover_s=2 * TICK_S, tick_s=TICK_S, mode=Mode.IDLE)
+
+    stale = mk.table_for(h, 450, (200, 450, 2), 1)
+    assert stale.outage_ticks < 4.0
+    # the first outage after the change reaches twice the mean (6 ticks) at row 466 + 5
+    assert refit.first_surprise(h, stale.tier_of, stale.outage_ticks, 451, row) == 471
+    policy = make_policy("markov")
+    assert policy.decide(job_at(row), h.view(row)) == ON_DEMAND
+    monkeypatch.setattr(refit, "SURPRISE_RUNS", 1e9)           # the model of row 450 only
+    mk._TABLES.clear()
+    assert make_policy("markov").decide(job_at(row), h.view(row)).mode is Mode.IDLE

@@ -11,7 +11,7 @@ from spotrun.decide.policy import JobProgress, make_policy
 from spotrun.decide.policy.market import MarketHistory
 from spotrun.decide.policy import spotrun as sel
 from spotrun.decide.policy.rules import OnDemandPolicy
-from spotrun.decide.policy.spotrun import (CANDIDATES, RULE_FIRST, RULES, SpotrunPlanPolicy,
+from spotrun.decide.policy.spotrun import (CANDIDATES, PLAN, RULE_FIRST, RULES, SpotrunPlanPolicy,
                                            SpotrunPolicy, choose_candidate, shadow_cost, windows)
 from spotrun.simulate.engine import run_policy
 from spotrun.simulate.model import SimModel, build_model, pick_starts
@@ -72,7 +72,7 @@ def test_where_waiting_for_spot_lost_it_leaves_greedy_for_the_candidate_that_won
 def test_plan_first_without_history_follows_the_plan():
     m = model_of(periodic(400, 10, 30), work=20, deadline=40, changeover=2)
     assert windows(5, 20, 40, 2) == []
-    assert SpotrunPlanPolicy().following(start_job(m), m.history.view(5)) == "markov"
+    assert SpotrunPlanPolicy().following(start_job(m), m.history.view(5)) == PLAN
 
 
 def test_plan_first_follows_the_plan_where_its_shadow_runs_won():
@@ -81,8 +81,8 @@ def test_plan_first_follows_the_plan_where_its_shadow_runs_won():
     wins = windows(500, 30, 40, 1)
     costs = {n: np.mean([shadow_cost(m.history, s, w, d, 1, n) for s, w, d in wins])
              for n in CANDIDATES}
-    assert choose_candidate(m.history.view(500), (30, 40, 1), None, plan_first=True) == "markov"
-    assert costs["markov"] < min(costs["greedy"], costs["uniform-progress"])
+    assert choose_candidate(m.history.view(500), (30, 40, 1), None, plan_first=True) == PLAN
+    assert costs[PLAN] < min(costs["greedy"], costs["uniform-progress"])
     p = run_policy(m, make_policy("spotrun-plan"), 501)
     g = run_policy(m, make_policy("greedy"), 501)
     assert p.deadline_met and p.cost_usd < g.cost_usd
@@ -90,15 +90,15 @@ def test_plan_first_follows_the_plan_where_its_shadow_runs_won():
 
 def test_plan_first_leaves_a_plan_the_windows_show_losing_for_the_better_rule(monkeypatch):
     # the guard itself: a "plan" that always pays on-demand loses every window to both rules
-    monkeypatch.setitem(sel.PLAN_FIRST_CANDIDATES, "markov", OnDemandPolicy)
-    monkeypatch.setitem(sel.CANDIDATES, "markov", OnDemandPolicy)
+    monkeypatch.setitem(sel.PLAN_FIRST_CANDIDATES, PLAN, OnDemandPolicy)
+    monkeypatch.setitem(sel.CANDIDATES, PLAN, OnDemandPolicy)
     m = model_of(periodic(600, 30, 5), work=30, deadline=60, changeover=1)
     wins = windows(500, 30, 60, 1)
     costs = {n: np.array([shadow_cost(m.history, s, w, d, 1, n) for s, w, d in wins])
-             for n in ("greedy", "uniform-progress", "markov")}
-    chosen = choose_candidate(m.history.view(500), (30, 60, 1), "markov", plan_first=True)
+             for n in ("greedy", "uniform-progress", PLAN)}
+    chosen = choose_candidate(m.history.view(500), (30, 60, 1), PLAN, plan_first=True)
     assert chosen in RULES and costs[chosen].mean() == min(c.mean() for c in costs.values())
-    assert (costs["markov"] > costs[chosen]).all()
+    assert (costs[PLAN] > costs[chosen]).all()
 
 
 def test_a_restarted_policy_on_a_daemon_grown_history_decides_the_same():

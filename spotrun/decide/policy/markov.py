@@ -3,9 +3,12 @@
 The plan of `spotrun-plan` (spotrun.py), which follows it unless the recent market's shadow
 runs show the better simple rule beating it beyond their noise.
 
-- The model (refit every half deadline, on a grid of market rows shared by every run):
-  over the last deadline's worth of market rows (markets drift; the job's own span is the
-  best guess for the job's), a Markov chain of the market state: none up, or the cheapest
+- The model (refit every half deadline, on a grid of market rows shared by every run, and
+  at the rows markov_refit.py names: the pools' price order changed, or an outage of every
+  pool outlasted twice the model's mean): over the last deadline's worth of market rows
+  (markets drift; the job's own span is the best guess for the job's), and at least the
+  last 48 h (a short job's span holds too few runs to fit; after a surprise, only the rows
+  since the regime change), a Markov chain of the market state: none up, or the cheapest
   price tier with a pool up (`markov`: one tier, "some pool up"; `markov-tiers`: pools
   within 5 % of a tier's cheapest price share it, at most 4 tiers, priced at the refit),
   fitted on the state's own transitions; per tier, the reclaim hazard of a job on spot
@@ -21,8 +24,9 @@ runs show the better simple rule beating it beyond their noise.
 - Each tick: mid-changeover, carry on; otherwise the table's action for the job's exact
   work and time left. Spot means the cheapest pool up now in the cheapest tier up (the one
   that has been up longest on a tie); a job on spot stays in its pool.
-- State: only caches; every choice is a function of the market rows up to the refit and
-  the job's shape, so a restarted daemon with the same recorded market decides the same.
+- State: only caches; every refit row and choice is a function of the market rows up to
+  it and the job's shape, so a restarted daemon with the same recorded market decides the
+  same.
 """
 
 from __future__ import annotations
@@ -37,12 +41,14 @@ from spotrun.decide.policy import markov_dp as dp
 from spotrun.decide.policy.base import (IDLE, ON_DEMAND, Decision, JobProgress, Mode,
                                         SafePolicy, job_shape)
 from spotrun.decide.policy.market import MarketHistory, MarketView
+from spotrun.decide.policy.markov_refit import (TIER_GAP, base_row, change_point,
+                                                first_surprise, market_states, price_tiers)
 
 REFITS_PER_DEADLINE = 2
 FIT_DEADLINES = 1.0            # the fit's window, in the job's deadlines
-# Pools within TIER_GAP of a tier's cheapest price share it; more tiers than MAX_TIERS would
-# spread a deadline's worth of rows too thin.
-TIER_GAP = 0.05
+# ... and at least two days of rows: a short job's own span holds too few runs to fit
+MIN_FIT_H = 48.0
+# More tiers than MAX_TIERS would spread a window's rows too thin.
 MAX_TIERS = 4
 PRIOR_RUNS = 1.0
 _CACHE_BYTES = 64 * 1024 * 1024   # solved tables kept per market history
@@ -73,31 +79,11 @@ def _rate(ends: int, exposure: int, prior_ticks: float) -> float:
     return min(max((ends + w) / (exposure + w * prior_ticks), 0.0), 1.0)
 
 
-def price_tiers(price_row: list[float], max_tiers: int = MAX_TIERS) -> tuple[int, ...]:
-    """Each pool's price tier at a row: cheapest first, a new tier past TIER_GAP, at most max_tiers."""
-    order = sorted(range(len(price_row)), key=lambda j: price_row[j])
-    tier_of = [0] * len(price_row)
-    t, base = 0, price_row[order[0]] if order else 0.0
-    for j in order:
-        if price_row[j] > base * (1.0 + TIER_GAP) and t + 1 < max_tiers:
-            t, base = t + 1, price_row[j]
-        tier_of[j] = t
-    return tuple(tier_of)
-
-
-def market_states(up: np.ndarray, tier_of: tuple[int, ...]) -> np.ndarray:
-    """Per row: 0 when no pool is up, else 1 + the cheapest tier with a pool up."""
-    tiers = np.asarray(tier_of)
-    top = int(tiers.max()) + 1
-    t_min = np.where(up, tiers[None, :], top).min(axis=1)
-    return np.where(t_min == top, 0, t_min + 1)
-
-
 def fit(h: MarketHistory, row: int, shape: tuple[int, int, int], g: int,
-        max_tiers: int = MAX_TIERS) -> dp.Chain:
+        max_tiers: int = MAX_TIERS, surprise: bool = False) -> dp.Chain:
     """The model of the market as known at `row`, at the scale of g-tick steps."""
     work, deadline, changeover = shape
-    window = max(2, int(round(deadline * FIT_DEADLINES)))
+    window = max(2, int(round(deadline * FIT_DEADLINES)), int(MIN_FIT_H * 3600.0 / h.tick_s))
     lo = max(0, row + 1 - window)
     prior_h = np.asarray(h.mtbf_prior_h or [packaged_mtbf_h()] * len(h.pools), dtype=float)
     mtbf_ticks = prior_h * 3600.0 / h.tick_s
@@ -107,6 +93,9 @@ def fit(h: MarketHistory, row: int, shape: tuple[int, int, int], g: int,
     M = T + 1
     up = h.up[lo:row + 1]
     m = market_states(up, tier_of)
+    if surprise:          # a regime change: fit only the rows after it
+        cut = change_point(m, M)
+        up, m = up[cut:], m[cut:]
     # the market's own transitions, plus one pseudo-run per state: an outage of a
     # changeover and a tick, an up-state of the provider's mean time between reclaims
     counts = np.zeros((M, M))
@@ -141,21 +130,22 @@ def fit(h: MarketHistory, row: int, shape: tuple[int, int, int], g: int,
     return dp.Chain(market=np.linalg.matrix_power(market, g), spot=spot, after_reclaim=after,
                     od_usd=g * od * tick_h, spot_usd=g * tier_usd * tick_h,
                     od_launch_usd=changeover * od * tick_h,
-                    spot_launch_usd=changeover * tier_usd * tick_h, tier_of=tier_of)
+                    spot_launch_usd=changeover * tier_usd * tick_h, tier_of=tier_of,
+                    outage_ticks=float(1.0 / max(1.0 - market[0, 0], _EPS)))
 
 
 def table_for(h: MarketHistory, row: int, shape: tuple[int, int, int],
-              max_tiers: int = MAX_TIERS) -> dp.Table:
+              max_tiers: int = MAX_TIERS, surprise: bool = False) -> dp.Table:
     """The plan for the job shape from the model fitted at `row` (cached per history)."""
     cache = _TABLES.setdefault(h, OrderedDict())
-    key = (row, *shape, max_tiers)
+    key = (row, *shape, max_tiers, surprise)
     hit = cache.get(key)
     if hit is not None:
         cache.move_to_end(key)
         return hit
     work, deadline, changeover = shape
     g = dp.step_ticks(deadline, changeover)
-    table = dp.solve(work, deadline, changeover, fit(h, row, shape, g, max_tiers), g)
+    table = dp.solve(work, deadline, changeover, fit(h, row, shape, g, max_tiers, surprise), g)
     cache[key] = table
     held = sum(t.nbytes for t in cache.values())
     while held > _CACHE_BYTES and len(cache) > 1:
@@ -193,10 +183,20 @@ class MarkovPolicy(SafePolicy):
         if sizes != self._sizes:
             self._sizes, self._shape = sizes, job_shape(job)
             self._grid = refit_ticks(self._shape[1])
-        key = (market.now // self._grid * self._grid, self._shape)
+        h, now = market.h, market.now
+        key = (base_row(h, now, self._grid, self.max_tiers), self._shape)
         if key != self._key or self._table is None:
-            self._table = table_for(market.h, key[0], self._shape, self.max_tiers)
-            self._key = key
+            self._table = table_for(h, key[0], self._shape, self.max_tiers)
+            self._key, self._scanned = key, key[0]
+        # surprises since: each refits, and the next is looked for under the new model
+        while self._scanned < now:
+            t = self._table
+            x = first_surprise(h, t.tier_of, t.outage_ticks, self._scanned + 1, now)
+            if x < 0:
+                self._scanned = now
+            else:
+                self._table = table_for(h, x, self._shape, self.max_tiers, surprise=True)
+                self._scanned = x
         return self._table
 
     def choose(self, job: JobProgress, market: MarketView) -> Decision:

@@ -61,6 +61,7 @@ class Chain:
     od_launch_usd: float        # a changeover on on-demand
     spot_launch_usd: np.ndarray | float   # a changeover on spot, per tier
     tier_of: tuple[int, ...] = ()         # each pool's tier (empty: not fitted on pools)
+    outage_ticks: float = 0.0             # mean run of "none up" in the fit, in ticks
 
     @property
     def tiers(self) -> int:
@@ -89,6 +90,7 @@ class Table:
     time_steps: int           # K
     tiers: int
     tier_of: tuple[int, ...]  # each pool's price tier (empty: not fitted on pools)
+    outage_ticks: float       # mean run of "none up" in the fitted model, in ticks
     keys: np.ndarray          # int64, sorted
     acts: np.ndarray          # int8
 
@@ -183,4 +185,5 @@ def solve(work_ticks: int, deadline_ticks: int, changeover_ticks: int, chain: Ch
     all_keys = np.concatenate(keys)
     order = np.argsort(all_keys, kind="stable")
     return Table(g=g, work_steps=W, time_steps=K, tiers=T, tier_of=chain.tier_of,
+                 outage_ticks=chain.outage_ticks,
                  keys=all_keys[order], acts=np.concatenate(acts)[order])

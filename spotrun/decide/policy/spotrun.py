@@ -6,11 +6,13 @@ Two ways of choosing, both from shadow runs on the market seen so far:
   Progress (the two simple rules) and `reserve`; it follows the better rule, and `reserve`
   only where it beats that rule by more than the standard error of its saving over the
   windows (plus the changeover when it is not already followed). With no window, greedy.
-- plan-first (`spotrun-plan`, issue 26): candidates `markov` (the plan: the job's exact
-  remaining work and slack solved on a model of the market seen so far, markov.py) and the
-  two rules; it follows the plan unless the better rule beat it by more than the standard
-  error of the difference over the windows (plus the changeover when the plan is already
-  followed). With no window, the plan. `PLAN_FIRST` makes `spotrun` choose this way.
+- plan-first (`spotrun-plan`, issue 26): candidates `markov-tiers` (the plan: the job's
+  exact remaining work and slack solved on a model of the market seen so far, with the
+  pools in price tiers, markov.py) and the two rules; it follows the plan unless the
+  better rule beat it by more than twice the standard error of the difference over the
+  windows (plus the changeover when the plan is already followed). With no window, the
+  plan.
+  `PLAN_FIRST` makes `spotrun` choose this way.
 
 The policy cannot know the future, so it asks the past: it replays each candidate, in
 shadow, on the job's own shape (work, deadline, changeover, in ticks) placed on the most
@@ -39,7 +41,7 @@ import numpy as np
 
 from spotrun.decide.policy.base import IDLE, Decision, JobProgress, Policy, job_shape, safety_net
 from spotrun.decide.policy.market import MarketHistory, MarketView
-from spotrun.decide.policy.markov import MarkovPolicy
+from spotrun.decide.policy.markov import MarkovTiersPolicy
 from spotrun.decide.policy.replay import replay
 from spotrun.decide.policy.reserve import ReservePolicy
 from spotrun.decide.policy.rules import GreedyPolicy, UniformProgressPolicy
@@ -47,10 +49,10 @@ from spotrun.decide.policy.rules import GreedyPolicy, UniformProgressPolicy
 # Candidates of each way of choosing, in order of preference on a tie: the simplest first.
 RULE_FIRST: dict[str, type] = {"greedy": GreedyPolicy, "uniform-progress": UniformProgressPolicy,
                                "reserve": ReservePolicy}
-PLAN = "markov"
+PLAN = "markov-tiers"
 PLAN_FIRST_CANDIDATES: dict[str, type] = {"greedy": GreedyPolicy,
                                           "uniform-progress": UniformProgressPolicy,
-                                          PLAN: MarkovPolicy}
+                                          PLAN: MarkovTiersPolicy}
 # Every candidate by name (the shadow runs' cache is shared by both ways).
 CANDIDATES: dict[str, type] = {**RULE_FIRST, **PLAN_FIRST_CANDIDATES}
 # Whether `spotrun` (the daemon's default) chooses plan-first: off until the plan meets
@@ -58,6 +60,9 @@ CANDIDATES: dict[str, type] = {**RULE_FIRST, **PLAN_FIRST_CANDIDATES}
 PLAN_FIRST = False
 RULES = ("greedy", "uniform-progress")
 WINDOWS = 16
+# Plan-first leaves the plan only for a rule that beat it by this many standard errors: at
+# one, the windows' noise alone often sent it to a rule that then lost (issue 26 figures).
+PLAN_GUARD_SE = 2.0
 # Choice points and window grid per deadline.
 POINTS_PER_DEADLINE = 4
 _EPS = 1e-9
@@ -120,7 +125,7 @@ def choose_candidate(market: MarketView, shape: tuple[int, int, int],
     if plan_first:
         # the plan unless that rule beat it beyond the windows' own noise (and the move)
         leave = margin if current == PLAN else 0.0
-        return rule if beats(costs[rule], costs[PLAN], leave) else PLAN
+        return rule if beats(costs[rule], costs[PLAN], leave, PLAN_GUARD_SE) else PLAN
     best = rule
     # an own candidate only when it beats that rule beyond the windows' own noise (staying
     # on it needs no move)
@@ -133,12 +138,12 @@ def choose_candidate(market: MarketView, shape: tuple[int, int, int],
     return best
 
 
-def beats(ours: np.ndarray, theirs: np.ndarray, margin_usd: float) -> bool:
-    """Whether ours saved more than margin_usd plus the standard error of the saving, on
+def beats(ours: np.ndarray, theirs: np.ndarray, margin_usd: float, se: float = 1.0) -> bool:
+    """Whether ours saved more than margin_usd plus `se` standard errors of the saving, on
     average over the windows (their own noise)."""
     saving = theirs - ours
     noise = float(saving.std(ddof=1) / np.sqrt(len(saving))) if len(saving) > 1 else 0.0
-    return float(saving.mean()) > margin_usd + noise
+    return float(saving.mean()) > margin_usd + se * noise
 
 
 class SpotrunPolicy:
@@ -182,7 +187,7 @@ class SpotrunPolicy:
 
 
 class SpotrunPlanPolicy(SpotrunPolicy):
-    """`spotrun` choosing plan-first: the `markov` plan unless a rule beat it (issue 26)."""
+    """`spotrun` choosing plan-first: the `markov-tiers` plan unless a rule beat it (issue 26)."""
 
     name = "spotrun-plan"
 
