@@ -1,4 +1,4 @@
-"""What one deadline decision costs the daemon (issue 26): the `markov` plan and `spotrun-plan`.
+"""What one deadline decision costs the daemon (issue 26): `markov-tiers` and `spotrun-plan`.
 
 The daemon asks the policy once per interval with the market it recorded, a new
 MarketHistory each interval (`extended`), so no cache outlives the interval except the
@@ -7,12 +7,14 @@ row from the synthetic family (4 pools, 300 s ticks), one job per shape, a decis
 row, and times `decide` alone (not the history's growth, the daemon's part).
 
 Printed per shape: the plan's refit (fit and solve) CPU time and table size, then per
-decision the mean and the worst CPU time of `markov`, `spotrun-plan` (which also replays
+decision the mean and the worst CPU time of `markov-tiers` (refits included: on the grid, at
+a change of the pools' price order and at a surprise), `spotrun-plan` (which also replays
 its shadow windows at each choice point) and `spotrun` (rule-first), and what 1,000 jobs
 of that shape cost the daemon in CPU seconds per wall-clock second at one decision per
 300 s interval (spotrun-plan).
 
-    .venv/bin/python bench/policy_cost.py            # about a minute
+    .venv/bin/python bench/policy_cost.py                # about a minute
+    .venv/bin/python bench/policy_cost.py --start 3700   # after the regime change
 """
 
 from __future__ import annotations
@@ -69,8 +71,8 @@ def main() -> None:
     ap.add_argument("--ticks", type=int, default=400, help="decisions timed per job (at most)")
     args = ap.parse_args()
     trace, prices = regime_change_market(seed=0)
-    print(f"{'job':>11} {'refit ms':>9} {'table KB':>9} {'markov us':>10} {'max ms':>7} "
-          f"{'plan us':>8} {'max ms':>7} {'spotrun us':>11} {'1000 jobs':>10}")
+    print(f"{'job':>11} {'refit ms':>9} {'table KB':>9} {'plan us':>10} {'max ms':>7} "
+          f"{'guarded us':>8} {'max ms':>7} {'spotrun us':>11} {'1000 jobs':>10}")
     tick_s = 300.0
     for work_h, factor in SHAPES:
         m = build_model(trace, prices, spot_price_usd_per_hour=None, od_price_usd_per_hour=3.06,
@@ -83,7 +85,7 @@ def main() -> None:
         table = mk.table_for(grown(h, args.start), args.start, shape)
         refit_ms = (time.process_time() - t0) * 1000.0
         ticks = min(m.deadline_ticks, args.ticks)
-        mk_t = decide_times("markov", h, args.start, shape, ticks)
+        mk_t = decide_times("markov-tiers", h, args.start, shape, ticks)
         pl_t = decide_times("spotrun-plan", h, args.start, shape, ticks)
         sr_t = decide_times("spotrun", h, args.start, shape, ticks)
         per_s = JOBS * pl_t.mean() / tick_s
