@@ -112,12 +112,12 @@ def test_the_table_matches_the_plan_it_was_solved_from():
 
 def test_pools_fall_into_price_tiers_cheapest_first():
     # 0.9 | 1.0, 1.02 (within 5 % of 1.0) | 1.15 | 1.3
-    assert mk.price_tiers([1.0, 1.3, 0.9, 1.02, 1.15], max_tiers=4) == (1, 3, 0, 1, 2)
-    assert mk.price_tiers([1.0, 1.3, 0.9, 1.02, 1.15], max_tiers=2) == (1, 1, 0, 1, 1)
-    assert mk.price_tiers([0.9, 0.9, 0.9], max_tiers=4) == (0, 0, 0)
+    assert refit.price_tiers([1.0, 1.3, 0.9, 1.02, 1.15], max_tiers=4) == (1, 3, 0, 1, 2)
+    assert refit.price_tiers([1.0, 1.3, 0.9, 1.02, 1.15], max_tiers=2) == (1, 1, 0, 1, 1)
+    assert refit.price_tiers([0.9, 0.9, 0.9], max_tiers=4) == (0, 0, 0)
     up = np.array([[0, 0, 0], [1, 1, 0], [0, 1, 0], [0, 0, 1]], dtype=bool)
     # none up; the cheapest tier up is 0; then tier 1; then tier 2
-    assert mk.market_states(up, (0, 1, 2)).tolist() == [0, 1, 2, 3]
+    assert refit.market_states(up, (0, 1, 2)).tolist() == [0, 1, 2, 3]
 
 
 def test_the_tiered_plan_waits_for_the_cheaper_pool_only_while_the_slack_allows():

@@ -15,8 +15,9 @@ from dataclasses import dataclass
 import numpy as np
 
 
-def _run_ages(up: np.ndarray) -> np.ndarray:
-    """Int [n, P]: how many ticks the current run (up or down) has lasted at each tick."""
+def run_ages(up: np.ndarray) -> np.ndarray:
+    """Int [n, P]: how many ticks each column's current run of one value (up or down, or
+    any state) has lasted at each tick."""
     n, n_pools = up.shape
     ages = np.ones((n, n_pools), dtype=np.int64)
     if n == 0:
@@ -62,7 +63,7 @@ class MarketHistory:
         self.od_price_usd_per_hour = float(od_price_usd_per_hour)
         self.tick_s = float(tick_s)
         self.cum_up = np.cumsum(self.up, axis=0)
-        self.ages = _run_ages(self.up)
+        self.ages = run_ages(self.up)
         self.runs = []
         for j in range(len(self.pools)):
             ue, ul = _stretches(self.up[:, j], True)
@@ -85,7 +86,7 @@ class MarketHistory:
         """
         if self._some_up is None:
             x = self.up.any(axis=1)
-            self._some_up = (x, _run_ages(x[:, None])[:, 0])
+            self._some_up = (x, run_ages(x[:, None])[:, 0])
         return self._some_up
 
     def view(self, now: int) -> "MarketView":

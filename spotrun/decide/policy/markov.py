@@ -41,8 +41,8 @@ from spotrun.decide.policy import markov_dp as dp
 from spotrun.decide.policy.base import (IDLE, ON_DEMAND, Decision, JobProgress, Mode,
                                         SafePolicy, job_shape)
 from spotrun.decide.policy.market import MarketHistory, MarketView
-from spotrun.decide.policy.markov_refit import (TIER_GAP, base_row, change_point,
-                                                first_surprise, market_states, price_tiers)
+from spotrun.decide.policy.markov_refit import (base_row, change_point, first_surprise,
+                                                market_states, price_tiers)
 
 REFITS_PER_DEADLINE = 2
 FIT_DEADLINES = 1.0            # the fit's window, in the job's deadlines
@@ -176,6 +176,7 @@ class MarkovPolicy(SafePolicy):
         self._grid = 1
         self._key: tuple | None = None
         self._table: dp.Table | None = None
+        self._scanned = -1          # the last row looked at for a surprise
 
     def table(self, job: JobProgress, market: MarketView) -> dp.Table:
         """The plan in force at this tick (solved at the latest refit row)."""

@@ -1,6 +1,6 @@
 """When the `markov` plans refit their market model, besides every half deadline.
 
-Three events make the model of the latest refit stale before its time, and each refits it
+Two events make the model of the latest refit stale before its time, and each refits it
 at the row it is seen (so the refit rows, like every choice, are a function of the market
 rows and the job's shape: a restarted daemon finds the same ones):
 
@@ -20,7 +20,7 @@ import weakref
 
 import numpy as np
 
-from spotrun.decide.policy.market import MarketHistory
+from spotrun.decide.policy.market import MarketHistory, run_ages
 
 # Pools within TIER_GAP of a tier's cheapest price share it.
 TIER_GAP = 0.05
@@ -90,10 +90,7 @@ def state_runs(h: MarketHistory, tier_of: tuple[int, ...]) -> tuple[np.ndarray, 
     hit = per.get(tier_of)
     if hit is None:
         m = market_states(h.up, tier_of)
-        change = np.ones(len(m), dtype=bool)
-        change[1:] = m[1:] != m[:-1]
-        idx = np.arange(len(m))
-        hit = per[tier_of] = (m, idx - np.maximum.accumulate(np.where(change, idx, 0)) + 1)
+        hit = per[tier_of] = (m, run_ages(m[:, None])[:, 0])
     return hit
 
 

@@ -11,8 +11,7 @@ Two ways of choosing, both from shadow runs on the market seen so far:
   pools in price tiers, markov.py) and the two rules; it follows the plan unless the
   better rule beat it by more than twice the standard error of the difference over the
   windows (plus the changeover when the plan is already followed). With no window, the
-  plan.
-  `PLAN_FIRST` makes `spotrun` choose this way.
+  plan. `PLAN_FIRST` makes `spotrun` choose this way.
 
 The policy cannot know the future, so it asks the past: it replays each candidate, in
 shadow, on the job's own shape (work, deadline, changeover, in ticks) placed on the most
