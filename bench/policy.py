@@ -12,6 +12,7 @@ that every run met its deadline and that no run cost less than `optimal`.
     .venv/bin/python bench/policy.py --optimal-cache /tmp/opt.npz     # the recorded table
     .venv/bin/python bench/policy.py --starts 12                      # a quick look
     .venv/bin/python bench/policy.py --traces demo synthetic          # some traces only
+    .venv/bin/python bench/policy.py --pools all --traces 9-zone 16-node 4-node demo  # real all
     .venv/bin/python bench/policy.py --starts 12 --compare            # and markov, markov-tiers, spotrun
 
 Printed: per setting the mean cost / mean optimal of greedy, uniform-progress and
@@ -19,9 +20,10 @@ spotrun-plan (the plan behind the shadow-run guard, issue 26; with --compare als
 markov-tiers, the plan's parts, and spotrun, the daemon's rule-first default), the winner,
 spotrun-plan / the better rule, the share of that rule's gap to optimal it closes, and
 beside it the recorded bound's ratio and closure (bench/policy_bound_recorded.json: the exact
-bound on the synthetic rows, the oracle-lite planner on the real single-pool rows); then the
-acceptance figures of each judged policy for the synthetic and the real-trace rows, single
-pool and all pools separately.
+bound on the synthetic rows; on the real rows the oracle-lite planners, whose market model
+is fitted to the whole trace: a 2-state chain for a pool alone, `markov-tiers` for all
+pools); then the acceptance figures of each judged policy for the synthetic and the
+real-trace rows, single pool and all pools separately.
 """
 
 from __future__ import annotations
@@ -176,6 +178,8 @@ def main() -> None:
                     help="recorded bound per setting (bench/policy_bound.py --json)")
     ap.add_argument("--compare", action="store_true",
                     help="also run and judge " + ", ".join(COMPARE))
+    ap.add_argument("--pools", choices=("single", "all", "both"), default="both",
+                    help="single pools, all pools, or both (the default)")
     ap.add_argument("--json", type=Path, help="also write the figures to this file")
     args = ap.parse_args()
     if args.compare:
@@ -190,6 +194,8 @@ def main() -> None:
             for factor in DEADLINE_FACTORS:
                 for setting, pool_sets in (("single", [[p] for p in trace.pools]),
                                            ("all", [list(trace.pools)])):
+                    if args.pools not in ("both", setting):
+                        continue
                     for pools in pool_sets:
                         key = _cache_key(label, pools, work_h, work_h * factor, args)
                         tasks.append((label, pools, work_h, factor, args, cache.get(key)))

@@ -11,13 +11,19 @@ It is solved exactly by dynamic programming (bench/mdp.py; the joint chain of ev
 allowed pool and the shared state: 4 states single pool, 32 all pools) and run through
 the same simulator (`run_policy`) on the same starts as bench/policy.py.
 
-Real traces, `--oracle-lite` (single pool only): the MDP-optimal policy for a 2-state
-Markov chain per pool fitted to the WHOLE trace (it sees the future's statistics, so it
-upper-bounds what learning a Markov model online can reach), prices as in the trace.
+Real traces, `--oracle-lite`: single pool, the MDP-optimal policy for a 2-state Markov
+chain per pool fitted to the WHOLE trace (it sees the future's statistics, so it
+upper-bounds what learning a Markov model online can reach), prices as in the trace; all
+pools, spotrun's own plan (`markov-tiers`, the plan behind `spotrun-plan`) with its market
+model fitted to the WHOLE trace instead of the rows seen so far (`WholeTraceTiers`): what
+that model class reaches when it knows the trace's statistics. Both are indicative, not
+bounds: a richer model could do better.
 
     .venv/bin/python bench/policy_bound.py --optimal-cache /tmp/opt40.npz --json /tmp/bound.json
     .venv/bin/python bench/policy_bound.py --starts 12 --traces synthetic
     .venv/bin/python bench/policy_bound.py --oracle-lite --traces 16-node 4-node demo
+    .venv/bin/python bench/policy_bound.py --oracle-lite --pools all \
+        --traces 9-zone 16-node 4-node demo
 
 Printed per setting: mean cost / mean optimal of greedy, uniform-progress and the bound,
 the share of the better rule's gap to optimal that the bound closes, and the bound's own
@@ -48,8 +54,10 @@ from mdp import MarkovDP, chain2, kron_all, stationary2  # noqa: E402
 
 from spotrun.errors import BadInputError               # noqa: E402
 from spotrun.decide.policy import make_policy          # noqa: E402
+from spotrun.decide.policy import markov as mk           # noqa: E402
 from spotrun.decide.policy.base import (IDLE, ON_DEMAND, Decision, JobProgress,  # noqa: E402
-                                        Mode, SafePolicy, safety_net)
+                                        Mode, SafePolicy, job_shape, safety_net)
+from spotrun.decide.policy.markov_refit import base_row  # noqa: E402
 from spotrun.simulate import synthetic as syn           # noqa: E402
 from spotrun.simulate.engine import run_policy          # noqa: E402
 from spotrun.simulate.optimal import optimal_costs      # noqa: E402
@@ -159,6 +167,26 @@ class BoundPolicy(SafePolicy):
         return got
 
 
+class WholeTraceTiers(mk.MarkovTiersPolicy):
+    """`markov-tiers` with its model fitted to the whole trace at every refit (oracle-lite,
+    all pools): the refit rows and the tiers' prices are the plan's own, the transitions
+    and reclaim rates are the whole trace's, so there is no surprise to refit on."""
+
+    name = BOUND
+
+    def table(self, job: JobProgress, market) -> mk.dp.Table:
+        """The plan solved on the whole trace's model at the plan's latest refit row."""
+        h, shape = market.h, job_shape(job)
+        row = base_row(h, market.now, mk.refit_ticks(shape[1]), self.max_tiers)
+        return mk.table_for(h, row, shape, self.max_tiers, rows=(0, len(h)))
+
+
+def run_whole_trace(model, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
+    """Realised cost of WholeTraceTiers per start (its expected cost is not computed: NaN)."""
+    costs = np.array([run_policy(model, WholeTraceTiers(), int(r)).cost_usd for r in rows])
+    return costs, np.full(len(rows), np.nan), 0
+
+
 def run_bound(model, rows: np.ndarray, cols_model) -> tuple[np.ndarray, np.ndarray, int]:
     """Realised and expected cost of the bound policy per start (one DP per distinct window)."""
     h = model.history
@@ -206,16 +234,18 @@ def run_one(task: tuple) -> dict | None:
     rows = pick_starts(model, starts=args.starts, seed=args.seed, t0=None)
     t0 = time.monotonic()
     opt = cached if cached is not None else optimal_costs(model, rows)
-    if label == "synthetic":
-        cm = SyntheticModel([trace.pools.index(p) for p in pools], seed=0)
-        cm.window = model.deadline_ticks
-    else:
-        cm = FittedModel(model.history.up[:, 0])
     costs = {}
     for name in args.policies:
         costs[name] = np.array([run_policy(model, make_policy(name), int(r)).cost_usd
                                 for r in rows])
-    bc, be, over = run_bound(model, rows, cm)
+    if label == "synthetic":
+        cm = SyntheticModel([trace.pools.index(p) for p in pools], seed=0)
+        cm.window = model.deadline_ticks
+        bc, be, over = run_bound(model, rows, cm)
+    elif len(pools) == 1:
+        bc, be, over = run_bound(model, rows, FittedModel(model.history.up[:, 0]))
+    else:
+        bc, be, over = run_whole_trace(model, rows)
     costs[BOUND] = bc
     assert (bc >= opt - 1e-9 * np.maximum(1.0, opt)).all(), "bound beat the hindsight optimum"
     mo = opt.mean()
@@ -236,7 +266,10 @@ def main() -> None:
     ap.add_argument("--changeover-hours", type=float, default=0.2)
     ap.add_argument("--traces", nargs="+", default=["synthetic"])
     ap.add_argument("--oracle-lite", action="store_true",
-                    help="real traces: single pool, a chain fitted to the whole trace")
+                    help="real traces: plans whose market model is fitted to the whole trace")
+    ap.add_argument("--pools", choices=("single", "all", "both"), default="single",
+                    help="real traces with --oracle-lite: single pools (the 2-state chain), "
+                         "all pools (markov-tiers on the whole trace), or both")
     ap.add_argument("--policies", nargs="+", default=list(bp.RULES))
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
@@ -249,9 +282,10 @@ def main() -> None:
         trace, _ = bp._load(label)
         for work_h in bp.WORK_HOURS:
             for factor in bp.DEADLINE_FACTORS:
-                sets = [("single", [[p] for p in trace.pools])]
-                if label == "synthetic":
-                    sets.append(("all", [list(trace.pools)]))
+                sets = [("single", [[p] for p in trace.pools]), ("all", [list(trace.pools)])]
+                wanted = ("single", "all") if label == "synthetic" or args.pools == "both" \
+                    else (args.pools,)
+                sets = [x for x in sets if x[0] in wanted]
                 for setting, pool_sets in sets:
                     for pools in pool_sets:
                         key = bp._cache_key(label, pools, work_h, work_h * factor, args)
@@ -280,6 +314,7 @@ def report(meta: list, results: list, args) -> list[dict]:
     for (label, setting, work_h, factor), rs in groups.items():
         ratio = {n: float(np.mean([r["ratio"][n] for r in rs])) for n in names}
         exp = float(np.mean([r["expected_ratio"] for r in rs]))
+        exp = None if np.isnan(exp) else exp        # whole-trace markov-tiers: not computed
         better = min(ratio[n] for n in bp.RULES)
         cl = bp.closure(better, ratio[BOUND])
         over = sum(r["overridden"] for r in rs)
@@ -287,7 +322,7 @@ def report(meta: list, results: list, args) -> list[dict]:
                                                                     better - ratio[BOUND]))
         print(f"{label:10} {setting:6} {work_h:5g} {factor:5g} "
               + "".join(f"{ratio[n]:11.4f}" for n in names)
-              + f" {exp:9.4f} {cl:8.1%} {over:4d}")
+              + (f" {exp:9.4f}" if exp is not None else f" {'-':>9}") + f" {cl:8.1%} {over:4d}")
         rows.append({"trace": label, "setting": setting, "work_h": work_h, "factor": factor,
                      "ratio": ratio, "expected_bound_ratio": exp, "closed": cl,
                      "net_overrides": over})
@@ -295,7 +330,8 @@ def report(meta: list, results: list, args) -> list[dict]:
     for (is_syn, setting), items in acc.items():
         mean = float(np.mean([x[0] for x in items]))
         summed = sum(x[2] for x in items) / max(sum(x[1] for x in items), 1e-12)
-        kind = "synthetic (known generator)" if is_syn else "real traces (oracle-lite)"
+        kind = ("synthetic (known generator)" if is_syn else
+                "real traces (oracle-lite" + (", markov-tiers)" if setting == "all" else ")"))
         print(f"  {kind}, {setting}: {len(items)} settings; mean {mean:.1%}, "
               f"of the summed gap {summed:.1%}, lowest {min(x[0] for x in items):.1%}")
     return rows

@@ -49,3 +49,16 @@ def test_bound_meets_deadlines_and_never_beats_optimal():
         assert overridden == 0
         assert (costs >= opt - 1e-9).all()
         assert np.isfinite(expected).all() and (expected > 0).all()
+
+
+def test_whole_trace_reference_meets_deadlines_and_never_beats_optimal():
+    """Real trace, all pools (--oracle-lite --pools all): markov-tiers fitted to the whole trace."""
+    trace, prices = pb.bp._load("demo")
+    model = build_model(trace.select(list(trace.pools)), prices, spot_price_usd_per_hour=None,
+                        od_price_usd_per_hour=3.06, work_hours=2, deadline_hours=4,
+                        changeover_hours=0.2)
+    rows = pick_starts(model, starts=6, seed=3, t0=None)
+    costs, expected, overridden = pb.run_whole_trace(model, rows)
+    opt = optimal_costs(model, rows)
+    assert overridden == 0 and np.isnan(expected).all()
+    assert (costs >= opt - 1e-9).all() and (costs < model.on_demand_cost_usd()).any()

@@ -76,6 +76,22 @@ def test_the_fit_reads_only_rows_up_to_the_refit():
                               mk.fit(b, 300, (20, 40, 2), 1).market)
 
 
+def test_the_fit_on_given_rows_reads_those_rows_only():
+    """The benchmark's whole-trace reference: rows=(lo, hi) replaces the window ending at row."""
+    rng = np.random.default_rng(5)
+    col = rng.random(400) < 0.7
+    a = model_of(col, 20, 40, 2).history
+    b = model_of(np.concatenate([col[:300], ~col[300:]]), 20, 40, 2).history
+    # the window ending at row 200 is rows 0..200 here (48 h of 5-minute rows is longer)
+    assert np.array_equal(mk.fit(a, 200, (20, 40, 2), 1, rows=(0, 201)).market,
+                          mk.fit(a, 200, (20, 40, 2), 1).market)
+    # rows past the refit row are read when asked for, and only those asked for
+    assert not np.array_equal(mk.fit(a, 200, (20, 40, 2), 1, rows=(0, 400)).market,
+                              mk.fit(b, 200, (20, 40, 2), 1, rows=(0, 400)).market)
+    assert np.array_equal(mk.fit(a, 200, (20, 40, 2), 1, rows=(0, 300)).spot,
+                          mk.fit(b, 200, (20, 40, 2), 1, rows=(0, 300)).spot)
+
+
 @pytest.mark.parametrize("name", ["markov", "markov-tiers"])
 def test_a_restarted_policy_on_a_daemon_grown_history_decides_the_same(name):
     trace, prices = regime_change_market(seed=4)

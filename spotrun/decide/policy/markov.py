@@ -80,18 +80,22 @@ def _rate(ends: int, exposure: int, prior_ticks: float) -> float:
 
 
 def fit(h: MarketHistory, row: int, shape: tuple[int, int, int], g: int,
-        max_tiers: int = MAX_TIERS, surprise: bool = False) -> dp.Chain:
-    """The model of the market as known at `row`, at the scale of g-tick steps."""
+        max_tiers: int = MAX_TIERS, surprise: bool = False,
+        rows: tuple[int, int] | None = None) -> dp.Chain:
+    """The model of the market as known at `row`, at the scale of g-tick steps.
+
+    `rows` (lo, hi): fit the transitions on rows lo..hi-1 instead of the window ending at
+    `row` (the benchmark's whole-trace reference; a policy never passes it)."""
     work, deadline, changeover = shape
     window = max(2, int(round(deadline * FIT_DEADLINES)), int(MIN_FIT_H * 3600.0 / h.tick_s))
-    lo = max(0, row + 1 - window)
+    lo, hi = rows if rows is not None else (max(0, row + 1 - window), row + 1)
     prior_h = np.asarray(h.mtbf_prior_h or [packaged_mtbf_h()] * len(h.pools), dtype=float)
     mtbf_ticks = prior_h * 3600.0 / h.tick_s
     tier_of = price_tiers(h.price_rows[row], max_tiers)
     tiers = np.asarray(tier_of)
     T = int(tiers.max()) + 1
     M = T + 1
-    up = h.up[lo:row + 1]
+    up = h.up[lo:hi]
     m = market_states(up, tier_of)
     if surprise:          # a regime change: fit only the rows after it
         cut = change_point(m, M)
@@ -135,17 +139,19 @@ def fit(h: MarketHistory, row: int, shape: tuple[int, int, int], g: int,
 
 
 def table_for(h: MarketHistory, row: int, shape: tuple[int, int, int],
-              max_tiers: int = MAX_TIERS, surprise: bool = False) -> dp.Table:
+              max_tiers: int = MAX_TIERS, surprise: bool = False,
+              rows: tuple[int, int] | None = None) -> dp.Table:
     """The plan for the job shape from the model fitted at `row` (cached per history)."""
     cache = _TABLES.setdefault(h, OrderedDict())
-    key = (row, *shape, max_tiers, surprise)
+    key = (row, *shape, max_tiers, surprise, rows)
     hit = cache.get(key)
     if hit is not None:
         cache.move_to_end(key)
         return hit
     work, deadline, changeover = shape
     g = dp.step_ticks(deadline, changeover)
-    table = dp.solve(work, deadline, changeover, fit(h, row, shape, g, max_tiers, surprise), g)
+    chain = fit(h, row, shape, g, max_tiers, surprise, rows)
+    table = dp.solve(work, deadline, changeover, chain, g)
     cache[key] = table
     held = sum(t.nbytes for t in cache.values())
     while held > _CACHE_BYTES and len(cache) > 1:
