@@ -282,11 +282,11 @@ def main() -> None:
         trace, _ = bp._load(label)
         for work_h in bp.WORK_HOURS:
             for factor in bp.DEADLINE_FACTORS:
-                sets = [("single", [[p] for p in trace.pools]), ("all", [list(trace.pools)])]
-                wanted = ("single", "all") if label == "synthetic" or args.pools == "both" \
-                    else (args.pools,)
-                sets = [x for x in sets if x[0] in wanted]
-                for setting, pool_sets in sets:
+                wanted = "both" if label == "synthetic" else args.pools
+                for setting, pool_sets in (("single", [[p] for p in trace.pools]),
+                                           ("all", [list(trace.pools)])):
+                    if wanted not in ("both", setting):
+                        continue
                     for pools in pool_sets:
                         key = bp._cache_key(label, pools, work_h, work_h * factor, args)
                         tasks.append((label, pools, work_h, factor, args, cache.get(key)))
