@@ -65,6 +65,24 @@ def test_the_fit_weighs_the_providers_prior_as_one_pseudo_reclaim():
     assert 1.0 < mk.packaged_mtbf_h() < 10.0
 
 
+def test_a_spot_job_risks_the_reclaims_of_the_pool_the_plan_would_take():
+    """Pools of one price differ: the plan takes the one up longest and stays, so its reclaim
+    rate is that pool's, not the pools' pooled one."""
+    steady = np.ones(400, dtype=bool)
+    steady[99::100] = False                        # down one tick in 100
+    flappy = np.tile([True, True, False, False], 100)
+    up = np.stack([steady, flappy], axis=1)
+    # placed the plan's way (the cheapest, then the longest up, then the first): the steady
+    # pool, back on it after each of its 4 outages, 396 ticks on spot in all
+    assert mk.placed_reclaims(up, np.ones(up.shape)) == (4, 396)
+    h = model_of(up, 20, 40, 2, prior_h=[100.0, 100.0]).history
+    reclaim = 1.0 - mk.fit(h, 399, (20, 40, 2), 1).spot[0, 0]
+    assert reclaim == pytest.approx((4 + 1) / (396 + 100 * 3600.0 / TICK_S))
+    # the pools' reclaims pooled (104 over 596 up-ticks) would put it at 50x that
+    pooled = np.count_nonzero(up[:-1] & ~up[1:]) / np.count_nonzero(up[:-1])
+    assert pooled > 50 * reclaim
+
+
 def test_the_fit_reads_only_rows_up_to_the_refit():
     rng = np.random.default_rng(3)
     col = rng.random(400) < 0.7

@@ -12,11 +12,13 @@ runs show the better simple rule beating it beyond their noise.
   price tier with a pool up (`markov`: one tier, "some pool up"; `markov-tiers`: pools
   within 5 % of a tier's cheapest price share it, at most 4 tiers, priced at the refit),
   fitted on the state's own transitions; per tier, the reclaim hazard of a job on spot
-  (its pools' reclaims over their up-ticks), the market state a step after such a reclaim,
-  and the spot price (its cheapest pool up at the refit); the on-demand price. Prior: the
-  provider's mean time between reclaims (MarketHistory.mtbf_prior_h, else the packaged
-  priors' pooled figure) as one pseudo-reclaim per up-state, and one pseudo-outage of a
-  changeover and a tick; a long history outweighs both.
+  (the reclaims a job placed the plan's way would have met on the fit's rows, over its
+  ticks on spot: pools differ, and it takes the cheapest, longest-up one and stays), the
+  market state a step after a reclaim of the tier's pools, and the spot price (its
+  cheapest pool up at the refit); the on-demand price. Prior: the provider's mean time
+  between reclaims (MarketHistory.mtbf_prior_h, else the packaged priors' pooled figure)
+  as one pseudo-reclaim per up-state, and one pseudo-outage of a changeover and a tick; a
+  long history outweighs both.
 - The plan (markov_dp.py): the expected-cost-optimal action for every (time left, work
   left, placement, market state) of the job's shape, by backward induction, on a grid
   coarsened to at most 720 steps of time; one table per refit serves every run of that
@@ -40,7 +42,7 @@ import numpy as np
 from spotrun.decide.policy import markov_dp as dp
 from spotrun.decide.policy.base import (IDLE, ON_DEMAND, Decision, JobProgress, Mode,
                                         SafePolicy, job_shape)
-from spotrun.decide.policy.market import MarketHistory, MarketView
+from spotrun.decide.policy.market import MarketHistory, MarketView, run_ages
 from spotrun.decide.policy.markov_refit import (base_row, change_point, first_surprise,
                                                 market_states, price_tiers)
 
@@ -79,6 +81,27 @@ def _rate(ends: int, exposure: int, prior_ticks: float) -> float:
     return min(max((ends + w) / (exposure + w * prior_ticks), 0.0), 1.0)
 
 
+def placed_reclaims(up: np.ndarray, price: np.ndarray) -> tuple[int, int]:
+    """(reclaims, ticks on spot) of a job that, whenever a pool is up, takes the cheapest one
+    up (the one up longest on a tie, as `cheapest_up`) and stays until it is reclaimed."""
+    n = len(up)
+    age = run_ages(up)
+    some_up = np.flatnonzero(up[:-1].any(axis=1))
+    ends = ticks = r = 0
+    # one pass per placement: a window holds a few dozen reclaims, not thousands of rows
+    while (k := int(np.searchsorted(some_up, r))) < len(some_up):
+        r = int(some_up[k])
+        pools = np.flatnonzero(up[r])
+        j = int(pools[np.lexsort((-age[r, pools], price[r, pools]))[0]])
+        down = np.flatnonzero(~up[r + 1:, j])
+        if not len(down):                # still up at the window's end
+            return ends, ticks + n - 1 - r
+        ticks += 1 + int(down[0])
+        ends += 1
+        r += 1 + int(down[0])
+    return ends, ticks
+
+
 def fit(h: MarketHistory, row: int, shape: tuple[int, int, int], g: int,
         max_tiers: int = MAX_TIERS, surprise: bool = False,
         rows: tuple[int, int] | None = None) -> dp.Chain:
@@ -95,11 +118,11 @@ def fit(h: MarketHistory, row: int, shape: tuple[int, int, int], g: int,
     tiers = np.asarray(tier_of)
     T = int(tiers.max()) + 1
     M = T + 1
-    up = h.up[lo:hi]
+    up, prices = h.up[lo:hi], h.price[lo:hi]
     m = market_states(up, tier_of)
     if surprise:          # a regime change: fit only the rows after it
         cut = change_point(m, M)
-        up, m = up[cut:], m[cut:]
+        up, prices, m = up[cut:], prices[cut:], m[cut:]
     # the market's own transitions, plus one pseudo-run per state: an outage of a
     # changeover and a tick, an up-state of the provider's mean time between reclaims
     counts = np.zeros((M, M))
@@ -116,8 +139,10 @@ def fit(h: MarketHistory, row: int, shape: tuple[int, int, int], g: int,
     i, j = np.nonzero(ended)
     for t in range(T):
         in_t = tiers == t
-        spot[t, t] = (1.0 - _rate(np.count_nonzero(ended[:, in_t]), np.count_nonzero(on[:, in_t]),
-                                  float(np.mean(mtbf_ticks[in_t])))) ** g
+        # the reclaims a job placed the plan's way would have met: pools differ, and the
+        # plan takes the cheapest, longest-up one (their pooled rate overstates its risk)
+        ends, ticks = placed_reclaims(up[:, in_t], prices[:, in_t])
+        spot[t, t] = (1.0 - _rate(ends, ticks, float(np.mean(mtbf_ticks[in_t])))) ** g
         # the market state when the next step starts after a reclaim of this tier's pool
         # (one pseudo-observation of none up)
         late = i[in_t[j] & (i + 1 + g < len(m))]
