@@ -12,7 +12,7 @@ from spotrun.decide.policy import markov as mk
 from spotrun.decide.policy import markov_dp as dp
 from spotrun.decide.policy import markov_refit as refit
 from spotrun.decide.policy.base import ON_DEMAND
-from spotrun.decide.policy.market import MarketHistory
+from spotrun.decide.policy.market import MarketHistory, run_ages
 from spotrun.simulate.engine import run_policy
 from spotrun.simulate.model import SimModel, build_model, pick_starts
 from spotrun.simulate.synthetic import regime_change_market
@@ -74,7 +74,7 @@ def test_a_spot_job_risks_the_reclaims_of_the_pool_the_plan_would_take():
     up = np.stack([steady, flappy], axis=1)
     # placed the plan's way (the cheapest, then the longest up, then the first): the steady
     # pool, back on it after each of its 4 outages, 396 ticks on spot in all
-    assert mk.placed_reclaims(up, np.ones(up.shape)) == (4, 396)
+    assert mk.placed_reclaims(up, np.ones(up.shape), run_ages(up)) == (4, 396)
     h = model_of(up, 20, 40, 2, prior_h=[100.0, 100.0]).history
     reclaim = 1.0 - mk.fit(h, 399, (20, 40, 2), 1).spot[0, 0]
     assert reclaim == pytest.approx((4 + 1) / (396 + 100 * 3600.0 / TICK_S))

@@ -42,7 +42,7 @@ import numpy as np
 from spotrun.decide.policy import markov_dp as dp
 from spotrun.decide.policy.base import (IDLE, ON_DEMAND, Decision, JobProgress, Mode,
                                         SafePolicy, job_shape)
-from spotrun.decide.policy.market import MarketHistory, MarketView, run_ages
+from spotrun.decide.policy.market import MarketHistory, MarketView
 from spotrun.decide.policy.markov_refit import (base_row, change_point, first_surprise,
                                                 market_states, price_tiers)
 
@@ -81,11 +81,11 @@ def _rate(ends: int, exposure: int, prior_ticks: float) -> float:
     return min(max((ends + w) / (exposure + w * prior_ticks), 0.0), 1.0)
 
 
-def placed_reclaims(up: np.ndarray, price: np.ndarray) -> tuple[int, int]:
+def placed_reclaims(up: np.ndarray, price: np.ndarray, age: np.ndarray) -> tuple[int, int]:
     """(reclaims, ticks on spot) of a job that, whenever a pool is up, takes the cheapest one
-    up (the one up longest on a tie, as `cheapest_up`) and stays until it is reclaimed."""
+    up (the one up longest on a tie, `age` as MarketHistory.ages: as `cheapest_up`) and stays
+    until it is reclaimed."""
     n = len(up)
-    age = run_ages(up)
     some_up = np.flatnonzero(up[:-1].any(axis=1))
     ends = ticks = r = 0
     # one pass per placement: a window holds a few dozen reclaims, not thousands of rows
@@ -118,11 +118,11 @@ def fit(h: MarketHistory, row: int, shape: tuple[int, int, int], g: int,
     tiers = np.asarray(tier_of)
     T = int(tiers.max()) + 1
     M = T + 1
-    up, prices = h.up[lo:hi], h.price[lo:hi]
+    up, prices, ages = h.up[lo:hi], h.price[lo:hi], h.ages[lo:hi]
     m = market_states(up, tier_of)
     if surprise:          # a regime change: fit only the rows after it
         cut = change_point(m, M)
-        up, prices, m = up[cut:], prices[cut:], m[cut:]
+        up, prices, ages, m = up[cut:], prices[cut:], ages[cut:], m[cut:]
     # the market's own transitions, plus one pseudo-run per state: an outage of a
     # changeover and a tick, an up-state of the provider's mean time between reclaims
     counts = np.zeros((M, M))
@@ -141,7 +141,7 @@ def fit(h: MarketHistory, row: int, shape: tuple[int, int, int], g: int,
         in_t = tiers == t
         # the reclaims a job placed the plan's way would have met: pools differ, and the
         # plan takes the cheapest, longest-up one (their pooled rate overstates its risk)
-        ends, ticks = placed_reclaims(up[:, in_t], prices[:, in_t])
+        ends, ticks = placed_reclaims(up[:, in_t], prices[:, in_t], ages[:, in_t])
         spot[t, t] = (1.0 - _rate(ends, ticks, float(np.mean(mtbf_ticks[in_t])))) ** g
         # the market state when the next step starts after a reclaim of this tier's pool
         # (one pseudo-observation of none up)
