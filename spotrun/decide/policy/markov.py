@@ -44,7 +44,7 @@ from spotrun.decide.policy.base import (IDLE, ON_DEMAND, Decision, JobProgress, 
                                         SafePolicy, job_shape)
 from spotrun.decide.policy.market import MarketHistory, MarketView
 from spotrun.decide.policy.markov_refit import (base_row, change_point, first_surprise,
-                                                market_states, price_tiers)
+                                                market_states, next_refit, price_tiers)
 
 REFITS_PER_DEADLINE = 2
 FIT_DEADLINES = 1.0            # the fit's window, in the job's deadlines
@@ -208,14 +208,22 @@ class MarkovPolicy(SafePolicy):
         self._key: tuple | None = None
         self._table: dp.Table | None = None
         self._scanned = -1          # the last row looked at for a surprise
+        # the table holds for rows _scanned.._until-1 of history _h: no refit and no
+        # surprise falls there (so a tick between costs one comparison, not a search). A weak
+        # reference: the daemon replaces its history each interval, and frees the old one
+        self._h: weakref.ref | None = None
+        self._until = -1
 
     def table(self, job: JobProgress, market: MarketView) -> dp.Table:
         """The plan in force at this tick (solved at the latest refit row)."""
         sizes = (job.work_total_s, job.deadline_s, job.changeover_s, job.tick_s)
+        h, now = market.h, market.now
+        if (sizes == self._sizes and self._h is not None and self._h() is h
+                and self._scanned <= now < self._until):
+            return self._table                                  # type: ignore[return-value]
         if sizes != self._sizes:
             self._sizes, self._shape = sizes, job_shape(job)
             self._grid = refit_ticks(self._shape[1])
-        h, now = market.h, market.now
         key = (base_row(h, now, self._grid, self.max_tiers), self._shape)
         if key != self._key or self._table is None:
             self._table = table_for(h, key[0], self._shape, self.max_tiers)
@@ -229,7 +237,11 @@ class MarkovPolicy(SafePolicy):
             else:
                 self._table = table_for(h, x, self._shape, self.max_tiers, surprise=True)
                 self._scanned = x
-        return self._table
+        t = self._table
+        until = min(next_refit(h, now, self._grid, self.max_tiers), len(h))
+        nxt = first_surprise(h, t.tier_of, t.outage_ticks, now + 1, until - 1)
+        self._h, self._until = weakref.ref(h), until if nxt < 0 else nxt
+        return t
 
     def choose(self, job: JobProgress, market: MarketView) -> Decision:
         """See the module docstring."""

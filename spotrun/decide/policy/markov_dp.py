@@ -31,6 +31,7 @@ BIG = 1e12               # an infeasible state's cost (finite: 0 x BIG stays 0)
 MAX_STEPS = 720          # time steps of one table: the grid coarsens past it
 TIE_USD = 1e-6           # the price of a step's wait: breaks exact ties toward progress
 WAIT, ON_DEMAND, SPOT = 0, 1, 2
+BLOCK_STEPS = 64         # steps whose actions are computed together
 
 
 def step_ticks(deadline_ticks: int, changeover_ticks: int) -> int:
@@ -101,7 +102,7 @@ class Table:
         if r > k:                 # beyond the plan's reach: only on-demand can still finish
             return ON_DEMAND
         key = (state * (self.work_steps + 1) + r) * (self.time_steps + 1) + k
-        return int(self.acts[int(np.searchsorted(self.keys, key, side="right")) - 1])
+        return int(self.acts[int(self.keys.searchsorted(key, side="right")) - 1])
 
     @property
     def nbytes(self) -> int:
@@ -125,65 +126,91 @@ def solve(work_ticks: int, deadline_ticks: int, changeover_ticks: int, chain: Ch
     od = chain.od_usd
     sp = np.broadcast_to(np.asarray(chain.spot_usd, dtype=float), (T,))[:, None]
     sp_launch = np.broadcast_to(np.asarray(chain.spot_launch_usd, dtype=float), (T,))[:, None]
-    idle = np.full((M, n), BIG)
-    odv = np.full((Cc, M, n), BIG)
-    spv = np.full((Cc, T, n), BIG)
+    keep_sp = (1.0 - lost) * sp                             # a step on spot not reclaimed
+    # values at the step before (read) and the one being computed (written), swapped
+    idle, idle_new = np.full((M, n), BIG), np.empty((M, n))
+    odv, odv_new = np.full((Cc, M, n), BIG), np.empty((Cc, M, n))
+    spv, spv_new = np.full((Cc, T, n), BIG), np.empty((Cc, T, n))
     for arr in (idle, odv, spv):
         arr[..., 0] = 0.0
-    sh_od = np.empty((M, n))
-    sh_sp = np.empty((T, n))
+    sh_od = np.zeros((M, n))            # on-demand values a step of work further on
+    sh_sp = np.zeros((T, n))
+    lost_after = np.empty((T, n))
+    # the compared values of BLOCK_STEPS steps, turned into actions a block at a time: on
+    # arrays this small a numpy call's overhead, not its arithmetic, is what a step costs,
+    # and the comparisons are a dozen calls (the values are the same as step by step)
+    B = min(BLOCK_STEPS, K)
+    wait_b, stay_od_b, land_od_b = (np.empty((B, M, n)) for _ in range(3))
+    stay_sp_b, land_sp_b = np.empty((B, T, n)), np.empty((B, T, n))
+    hopeless_b = np.empty((B, n), dtype=bool)
     rows = 2 * M + T
-    prev = np.full((rows, n), ON_DEMAND, dtype=np.int8)
-    keys = [((np.arange(rows)[:, None] * n + np.arange(n)[None, :]) * (K + 1)).ravel()]
-    acts = [prev.ravel().copy()]
-    row = np.empty((rows, n), dtype=np.int8)
+    act = np.empty((K + 1, rows, n), dtype=np.int8)      # the best action per step
+    act[0] = ON_DEMAND
     for k in range(1, K + 1):
-        wait = pm @ idle + TIE_USD                          # [M, n]
-        after = ar @ idle                                   # [T, n]
-        sh_od[:, 0] = 0.0
+        b = (k - 1) % B
+        wait, stay_od, land_od = wait_b[b], stay_od_b[b], land_od_b[b]
+        stay_sp, land_sp = stay_sp_b[b], land_sp_b[b]
+        np.matmul(pm, idle, out=wait)
+        wait += TIE_USD
+        np.multiply(lost, ar @ idle, out=lost_after)        # reclaimed: idle after it
         sh_od[:, 1:] = odv[0][:, :-1]
-        stay_od = od + pm @ sh_od
-        sh_sp[:, 0] = 0.0
+        np.matmul(pm, sh_od, out=stay_od)
+        stay_od += od
         sh_sp[:, 1:] = spv[0][:, :-1]
-        stay_sp = (1.0 - lost) * sp + um @ sh_sp + lost * after
+        np.matmul(um, sh_sp, out=stay_sp)
+        stay_sp += keep_sp
+        stay_sp += lost_after
         if C >= 1:
-            land_od = chain.od_launch_usd + pm @ odv[C - 1]
-            land_sp = sp_launch + um @ spv[C - 1] + lost * after
+            np.matmul(pm, odv[C - 1], out=land_od)
+            land_od += chain.od_launch_usd
+            np.matmul(um, spv[C - 1], out=land_sp)
+            land_sp += sp_launch
+            land_sp += lost_after
         else:
-            land_od = chain.od_launch_usd + stay_od
-            land_sp = sp_launch + stay_sp
+            np.add(stay_od, chain.od_launch_usd, out=land_od)
+            np.add(stay_sp, sp_launch, out=land_sp)
         # market state 1 + t launches tier t; a job on tier s decides in market state 1 + s
-        new_idle = np.minimum(wait, land_od)
-        new_idle[1:] = np.minimum(new_idle[1:], land_sp)
-        new_od = np.empty((Cc, M, n))
-        new_od[0] = np.minimum(wait, stay_od)
-        new_od[0, 1:] = np.minimum(new_od[0, 1:], land_sp)
-        new_sp = np.empty((Cc, T, n))
-        new_sp[0] = np.minimum(np.minimum(wait[1:], land_od[1:]), stay_sp)
-        for c in range(1, Cc):
-            new_od[c] = pm @ odv[c - 1]
-            new_sp[c] = um @ spv[c - 1] + lost * after
-        # the actions of the decision states (argmin, ties to the first: wait, on-demand)
-        row[:M] = land_od < wait
-        row[1:M][land_sp < np.minimum(wait[1:], land_od[1:])] = SPOT
-        row[M:2 * M] = stay_od < wait
-        row[M + 1:2 * M][land_sp < np.minimum(wait[1:], stay_od[1:])] = SPOT
-        row[2 * M:] = land_od[1:] < wait[1:]
-        row[2 * M:][stay_sp < np.minimum(wait[1:], land_od[1:])] = SPOT
-        idle, odv, spv = new_idle, new_od, new_sp
+        np.minimum(wait, land_od, out=idle_new)
+        np.minimum(idle_new[1:], land_sp, out=idle_new[1:])
+        np.minimum(wait, stay_od, out=odv_new[0])
+        np.minimum(odv_new[0, 1:], land_sp, out=odv_new[0, 1:])
+        np.minimum(wait[1:], land_od[1:], out=spv_new[0])
+        np.minimum(spv_new[0], stay_sp, out=spv_new[0])
+        if Cc > 1:
+            np.matmul(pm, odv[:-1], out=odv_new[1:])
+            np.matmul(um, spv[:-1], out=spv_new[1:])
+            spv_new[1:] += lost_after
+        idle, idle_new, odv, odv_new, spv, spv_new = idle_new, idle, odv_new, odv, spv_new, spv
         # no work left costs nothing; no clamp needed: a state beyond reach stays near BIG
         # (BIG plus a few costs), far above any reachable one
         for arr in (idle, odv, spv):
             arr[..., 0] = 0.0
-        # where even waiting from idle with none up cannot finish: on-demand (the net's move)
-        row[:, idle[0] >= BIG] = ON_DEMAND
-        s, r = np.nonzero(row != prev)
-        if len(s):
-            keys.append((s * n + r) * (K + 1) + k)
-            acts.append(row[s, r])
-            prev[s, r] = row[s, r]
-    all_keys = np.concatenate(keys)
-    order = np.argsort(all_keys, kind="stable")
+        np.greater_equal(idle[0], BIG, out=hopeless_b[b])
+        if b == B - 1 or k == K:
+            _actions(act[k - b:k + 1], M, wait_b[:b + 1], stay_od_b[:b + 1],
+                     land_od_b[:b + 1], stay_sp_b[:b + 1], land_sp_b[:b + 1],
+                     hopeless_b[:b + 1])
+    # keep, per (state, work left), only the steps at which the action changes
+    changed = np.empty((K + 1, rows, n), dtype=bool)
+    changed[0] = True
+    np.not_equal(act[1:], act[:-1], out=changed[1:])
+    k, s, r = np.nonzero(changed)
+    keys = (s * n + r) * (K + 1) + k
+    order = np.argsort(keys)
     return Table(g=g, work_steps=W, time_steps=K, tiers=T, tier_of=chain.tier_of,
-                 outage_ticks=chain.outage_ticks,
-                 keys=all_keys[order], acts=np.concatenate(acts)[order])
+                 outage_ticks=chain.outage_ticks, keys=keys[order], acts=act[k, s, r][order])
+
+
+def _actions(out: np.ndarray, M: int, wait: np.ndarray, stay_od: np.ndarray,
+             land_od: np.ndarray, stay_sp: np.ndarray, land_sp: np.ndarray,
+             hopeless: np.ndarray) -> None:
+    """The decision states' actions over a block of steps (argmin, ties to the first: wait,
+    on-demand); where even waiting from idle with none up cannot finish, on-demand."""
+    out[:, :M] = land_od < wait
+    idle_or_od = np.minimum(wait[:, 1:], land_od[:, 1:])
+    out[:, 1:M][land_sp < idle_or_od] = SPOT
+    out[:, M:2 * M] = stay_od < wait
+    out[:, M + 1:2 * M][land_sp < np.minimum(wait[:, 1:], stay_od[:, 1:])] = SPOT
+    out[:, 2 * M:] = land_od[:, 1:] < wait[:, 1:]
+    out[:, 2 * M:][stay_sp < idle_or_od] = SPOT
+    out[np.broadcast_to(hopeless[:, None, :], out.shape)] = ON_DEMAND

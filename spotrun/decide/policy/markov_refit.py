@@ -84,6 +84,17 @@ def base_row(h: MarketHistory, now: int, grid: int, max_tiers: int) -> int:
     return row
 
 
+def next_refit(h: MarketHistory, now: int, grid: int, max_tiers: int) -> int:
+    """The first row after `now` whose scheduled refit (`base_row`) may differ from now's."""
+    row = (now // grid + 1) * grid
+    if max_tiers > 1:
+        changes = tier_changes(h, max_tiers)
+        k = bisect.bisect_right(changes, now)
+        if k < len(changes):
+            row = min(row, changes[k])
+    return row
+
+
 def state_runs(h: MarketHistory, tier_of: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
     """(market state per row, how many rows it has lasted) for these tiers (cached per history)."""
     per = _STATES.setdefault(h, {})
