@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import time
-
 import numpy as np
 import pytest
 
@@ -185,16 +183,15 @@ def test_markov_tiers_launches_the_cheap_pool_markov_the_first_one_up():
     assert make_policy("markov-tiers").decide(job, h.view(row + 2)).pool == "cheap"
 
 
-def test_a_long_job_is_planned_on_a_coarse_grid_fast_and_small():
-    """48 h of work, 5 x deadline, 300 s ticks: one solve is well under a second."""
+def test_a_long_job_is_planned_on_a_coarse_grid_and_small():
+    """48 h of work, 5 x deadline, 300 s ticks: a coarse grid and a table of change points
+    (what one solve costs is bench/policy_cost.py's to say, not a test's)."""
     trace, prices = regime_change_market(seed=0)
     m = build_model(trace, prices, spot_price_usd_per_hour=None, od_price_usd_per_hour=3.06,
                     work_hours=48.0, deadline_hours=240.0, changeover_hours=0.2)
     shape = (m.work_ticks, m.deadline_ticks, m.changeover_ticks)
     assert dp.step_ticks(m.deadline_ticks, m.changeover_ticks) == 2
-    t0 = time.process_time()
     table = mk.table_for(m.history, 3600, shape)
-    assert time.process_time() - t0 < 2.0
     assert table.time_steps <= dp.MAX_STEPS * 2 and table.nbytes < 4 * 1024 * 1024
 
 
