@@ -209,8 +209,10 @@ class MarkovPolicy(SafePolicy):
         self._table: dp.Table | None = None
         self._scanned = -1          # the last row looked at for a surprise
         # the table holds for rows _scanned.._until-1 of history _h: no refit and no
-        # surprise falls there (so a tick between costs one comparison, not a search). A weak
-        # reference: the daemon replaces its history each interval, and frees the old one
+        # surprise falls there (so a tick between costs one comparison, not a search). On a
+        # recorded market _until may lie past now: it says only when to look again, and the
+        # table returned is still the one the rows up to now give. A weak reference: the
+        # daemon replaces its history each interval, and frees the old one
         self._h: weakref.ref | None = None
         self._until = -1
 
