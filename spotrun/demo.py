@@ -126,15 +126,15 @@ def proof(status: dict[str, Any], audit: dict[str, Any]) -> dict[str, Any]:
 
     `failures` lists each promise not kept: at least two reclaims; every attempt after the
     first resumed from a step > 0 that the previous attempt reached, and trained past it;
-    the job succeeded; the audit's causes add up to what was spent.
+    the job succeeded; the audit's causes add up to what was spent. `steps_lost_per_reclaim`
+    is each reclaimed attempt's `lost_steps` from the status: None where no report gave its
+    last step (unknown, not 0).
     """
     atts = status["attempts"]
     failures: list[str] = []
-    lost: list[int] = []
+    lost: list[int | None] = [a["lost_steps"] for a in atts if a["end_reason"] == "reclaimed"]
     for prev, att in zip(atts, atts[1:]):
         start, prev_to = att["resumed_from"] or 0, prev["ran_to"] or 0
-        if prev["end_reason"] == "reclaimed":
-            lost.append(max(prev_to - start, 0))
         if not (prev["resumed_from"] or 0) < start <= prev_to:
             failures.append(f"attempt {att['number']} resumed from {start}, not from a step "
                             f"attempt {prev['number']} saved past its start")

@@ -53,6 +53,15 @@ FULL_CHECK_BYTES = 16 << 20   # prefix of an appended file checked in full up to
 EDGE_BYTES = 64 << 10         # bigger prefixes: their first and last 64 KiB are checked
 MEMORY_PART_BYTES = 16 << 20  # captured parts up to this size stay in memory, bigger on disk
 PROGRESS_EVERY_S = 5.0
+LIST_EVERY_S = 5.0            # mark(): the persisted paths globbed again at most this often
+
+
+@dataclass(frozen=True)
+class Marks:
+    """Each persisted file's (size, mtime_ns) at a step boundary, and when they were taken."""
+
+    at_ns: int
+    files: dict[str, tuple[int, int]]
 
 
 def blob_key(sha256: str) -> str:
@@ -150,6 +159,12 @@ def _check_of(f: Any, size: int) -> dict[str, Any]:
     return {"kind": "edges", "digest": _sha(head + f.read(EDGE_BYTES))}
 
 
+def _starts_as(path: Path, entry: Mapping[str, Any]) -> bool:
+    """The file still starts with the bytes a captured entry describes (it was appended to)."""
+    with open(path, "rb") as f:
+        return _check_of(f, entry["size"]) == entry.get("check")
+
+
 class JobFiles:
     """One process's persisted files: what to capture, and what the last capture held."""
 
@@ -165,6 +180,9 @@ class JobFiles:
         self.known_blobs: set[str] = set()           # blobs that capture listed (in the store)
         self._primed = False
         self._lock = threading.Lock()
+        self._listed: dict[str, Path] | None = None
+        self._listed_at = -1e18
+        self._listed_root_ns: int | None = None
 
     def add(self, *paths: str | os.PathLike[str]) -> None:
         """Persist these paths or globs too (relative to the job directory, or inside it)."""
@@ -210,8 +228,61 @@ class JobFiles:
             log.info("restored %d persisted files of %s into %s", count, name, self.root)
         return count
 
-    def capture(self, own: Mapping[str, Path] | None = None, *, checkpoint: str = "") -> Capture:
-        """The persisted files now; `own` maps the checkpoint's own files (flat name -> path)."""
+    def mark(self) -> Marks:
+        """At a step boundary: each persisted file's size and mtime (a stat each; the paths are
+        globbed again at most every LIST_EVERY_S), for a save of that step made later."""
+        now = time.monotonic()
+        try:   # a file created in the job directory itself changes the directory's mtime
+            root_ns = self.root.stat().st_mtime_ns
+        except OSError:
+            root_ns = None
+        if self._listed is None or now - self._listed_at >= LIST_EVERY_S or \
+                root_ns != self._listed_root_ns:
+            with self._lock:
+                patterns = list(self.patterns)
+            self._listed, self._listed_at = collect(self.root, patterns), now
+            self._listed_root_ns = root_ns
+        files: dict[str, tuple[int, int]] = {}
+        for rel, path in self._listed.items():
+            try:
+                st = path.stat()
+            except OSError:
+                continue
+            files[rel] = (st.st_size, st.st_mtime_ns)
+        return Marks(time.time_ns(), files)
+
+    def _as_of(self, rel: str, path: Path, marks: Marks) -> tuple[str, Any]:
+        """How to take a file for a save of the marked step: ("now"), ("limit", (size, mtime))
+        for its first bytes, ("prior", entry) or ("skip"); the loop may have written to it
+        since (a validation's log row, a new best.pt)."""
+        st = path.stat()
+        was = marks.files.get(rel)
+        prior = self.prior.get(rel)
+        if was is None and st.st_mtime_ns <= marks.at_ns:
+            return ("now", None)
+        if was is None:   # created since the step (or deep in a folder listed a while ago)
+            return ("prior", prior) if prior is not None else ("skip", None)
+        size, mtime_ns = was
+        if (st.st_size, st.st_mtime_ns) == (size, mtime_ns):
+            return ("now", None)
+        if prior is not None and (prior["size"], prior["mtime_ns"]) == (size, mtime_ns):
+            return ("prior", prior)  # unchanged from the last checkpoint up to the step
+        if st.st_size > size:
+            appended = prior is None or (prior["size"] <= size and _starts_as(path, prior))
+            if appended:
+                return ("limit", was)   # appended since: the rows up to the step
+        log.warning("persisted file %s was rewritten after the step being saved: saved as it "
+                    "is now", rel)
+        return ("now", None)
+
+    def capture(self, own: Mapping[str, Path] | None = None, *, checkpoint: str = "",
+                as_of: Marks | None = None) -> Capture:
+        """The persisted files now; `own` maps the checkpoint's own files (flat name -> path).
+
+        as_of: the marks of the step being saved, when the save comes after its boundary (the
+        notice's save from the watchdog): rows appended since are left out, a file replaced
+        since is taken as the last checkpoint held it, a file created since is left out.
+        """
         t0 = time.monotonic()
         out = Capture()
         with self._lock:
@@ -219,7 +290,17 @@ class JobFiles:
         own_by_path = {p.resolve(): flat for flat, p in (own or {}).items()}
         for rel, path in collect(self.root, patterns).items():
             try:
-                self._capture_one(out, rel, path, own_by_path.get(path.resolve()), checkpoint)
+                limit = None
+                if as_of is not None:
+                    how, arg = self._as_of(rel, path, as_of)
+                    if how == "skip":
+                        continue
+                    if how == "prior":
+                        out.files[rel] = arg
+                        continue
+                    limit = arg
+                self._capture_one(out, rel, path, own_by_path.get(path.resolve()), checkpoint,
+                                  limit)
             except FileNotFoundError:
                 continue   # removed since the glob: not part of this step
             except OSError as exc:
@@ -228,33 +309,34 @@ class JobFiles:
         return out
 
     def _capture_one(self, out: Capture, rel: str, path: Path, own_flat: str | None,
-                     checkpoint: str) -> None:
+                     checkpoint: str, limit: tuple[int, int] | None = None) -> None:
         st = path.stat()
-        base = {"size": st.st_size, "mode": st.st_mode & 0o7777, "mtime_ns": st.st_mtime_ns}
+        # limit: (size, mtime) at the step being saved; the file's first `size` bytes.
+        size, mtime_ns = limit if limit is not None else (st.st_size, st.st_mtime_ns)
+        base = {"size": size, "mode": st.st_mode & 0o7777, "mtime_ns": mtime_ns}
         if own_flat is not None:
             with open(path, "rb") as f:
-                check = _check_of(f, st.st_size)
+                check = _check_of(f, size)
             out.files[rel] = {**base, "check": check, "parts": [
-                {"ckpt": checkpoint, "file": own_flat, "size": st.st_size}]}
+                {"ckpt": checkpoint, "file": own_flat, "size": size}]}
             return
         prior = self.prior.get(rel)
-        if prior is not None and (prior["size"], prior["mtime_ns"]) == (st.st_size,
-                                                                          st.st_mtime_ns):
+        if prior is not None and (prior["size"], prior["mtime_ns"]) == (size, mtime_ns):
             out.files[rel] = prior
             return
-        if st.st_size > self.max_file_bytes:
-            out.skipped.append({"path": rel, "reason": f"{st.st_size} bytes, over the limit of "
+        if size > self.max_file_bytes:
+            out.skipped.append({"path": rel, "reason": f"{size} bytes, over the limit of "
                                 f"{self.max_file_bytes} ({MAX_FILE_ENV})"})
             return
         with open(path, "rb") as f:
-            grew = (prior is not None and st.st_size >= prior["size"] > 0
+            grew = (prior is not None and size >= prior["size"] > 0
                     and len(prior["parts"]) < MAX_PARTS
                     and _check_of(f, prior["size"]) == prior.get("check"))
             start = prior["size"] if grew and prior is not None else 0
             parts = list(prior["parts"]) if grew and prior is not None else []
-            if st.st_size > start or not parts:
-                parts.append(self._read_part(out, f, start, st.st_size - start))
-            out.files[rel] = {**base, "check": _check_of(f, st.st_size), "parts": parts}
+            if size > start or not parts:
+                parts.append(self._read_part(out, f, start, size - start))
+            out.files[rel] = {**base, "check": _check_of(f, size), "parts": parts}
 
     def _read_part(self, out: Capture, f: Any, offset: int, size: int) -> dict[str, Any]:
         f.seek(offset)

@@ -45,6 +45,12 @@ class Heartbeat:
     instance_id: Text = None           # multi-node only: the node that wrote it
     node_rank: Int = None
     command_restarts: Int = None       # multi-node only: restarts after a rendezvous move
+    # The attempt's way back to training, agent wall times (ISO-8601), each set once: the
+    # agent started (setup and restore begin), the progress file first showed the restored
+    # step, then a step past it. The daemon's views turn them into time to resume.
+    restore_started_at: Text = None
+    restore_done_at: Text = None
+    first_step_at: Text = None
 
 
 @dataclass(frozen=True)
@@ -59,6 +65,9 @@ class Notice:
     signalled_at: Text = None          # when the job got SIGUSR1; None = not signalled
     emergency_checkpoint_step: Int = None
     emergency_save_s: Num = None
+    # What became of the notice, true when written: "emergency checkpoint at step N in T s"
+    # or "no emergency checkpoint: <why>" (the job's library says why; else the agent does).
+    outcome: Text = None
 
 
 @dataclass(frozen=True)
@@ -80,7 +89,10 @@ class ExitReport:
 
 NODE_ONLY = ("instance_id", "node_rank", "command_restarts")
 # Keys written only when they say something, so the agent's usual reports keep their old keys.
-OPTIONAL = NODE_ONLY + ("log_tail",)
+# Heartbeat: the way back to training, written once known (an attempt that never restores
+# writes the heartbeat it always wrote); notice.json: the notice's outcome, once there is one.
+OPTIONAL = NODE_ONLY + ("log_tail", "restore_started_at", "restore_done_at", "first_step_at",
+                        "outcome")
 
 
 def dump(report: Any) -> dict[str, Any]:

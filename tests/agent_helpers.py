@@ -10,16 +10,25 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from spotrun.agent.config import AgentConfig
-from spotrun.providers.local.market import imds
+from spotrun.providers.local.market import imds as imds_mod
 
 
-
-def ImdsServer() -> "imds.ImdsServer":
+def ImdsServer() -> "imds_mod.ImdsServer":
     """An IMDSv2 on 127.0.0.1 for one agent: the project's one implementation
     (market.imds.ImdsServer, the protocol the market serves). A test arms the
     spot notice or the rebalance hint; counters tell how the client behaved."""
-    return imds.ImdsServer("i-0agenttest")
+    return imds_mod.ImdsServer("i-0agenttest")
+
+
+@pytest.fixture()
+def imds():
+    """A started ImdsServer, stopped after the test (import it into a test module)."""
+    server = ImdsServer().start()
+    yield server
+    server.stop()
 
 
 # A torch-free stand-in for a training job: counts steps, writes the progress

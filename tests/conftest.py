@@ -146,7 +146,8 @@ def reference_runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
 # first. Under xdist (`--dist loadfile`) they are handed out first, so that no worker is left
 # alone with a long module at the end; a module missing here only loses its head start.
 HEAVY_MODULES = [
-    "test_multinode_e2e.py", "test_e2e_local.py", "test_demo_e2e.py", "test_faults_db.py",
+    "test_multinode_e2e.py", "test_e2e_local.py", "test_loops_conformance.py",
+    "test_demo_e2e.py", "test_faults_db.py", "test_torch_notice_any_loop.py",
     "test_chaos.py", "test_multinode_agent.py", "test_integrations_lightning.py",
     "test_integrations_baseline.py", "test_outputs_e2e.py", "test_job_state_hf.py",
     "test_job_state_lightning.py", "test_notify.py",

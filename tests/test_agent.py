@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 import agent_helpers
-from agent_helpers import WORKLOAD, ImdsServer, make_config, read_json
+from agent_helpers import WORKLOAD, imds, make_config, read_json  # noqa: F401 (fixture)
 from polling import wait_for
 from spotrun import layout
 from spotrun.agent.userdata import embed_config
@@ -21,13 +21,6 @@ from spotrun.store import open_store
 
 SECRET_VALUE = "s3cr3t-VALUE-7f1c"
 JOB = "job-test"
-
-
-@pytest.fixture()
-def imds():
-    server = ImdsServer().start()
-    yield server
-    server.stop()
 
 
 @pytest.fixture()
@@ -147,6 +140,9 @@ def test_notice_signals_job_records_emergency_save_then_cancel(tmp_path, imds, s
                       and n, what="emergency checkpoint step in notice.json")
     assert notice["action"] == "terminate" and notice["time"] == "2030-01-01T00:02:00Z"
     assert notice["signalled_at"] and 0 <= notice["emergency_save_s"] < 10
+    # A job whose library reports no outcome of its own: the agent words it.
+    assert notice["outcome"] == (f"emergency checkpoint at step {notice['emergency_checkpoint_step']}"
+                                 f" in {notice['emergency_save_s']:.2f} s")
     step = notice["emergency_checkpoint_step"]
     ckpt_store = open_store(cfg.checkpoint_uri)
     assert verify(ckpt_store, checkpoint_name(step)).step == step   # SIGUSR1 reached the job

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from agent_helpers import ImdsServer, make_config
+from agent_helpers import imds, make_config  # noqa: F401 (fixture)
 from spotrun.agent.child import child_env, exit_code_of
 from spotrun.agent.config import AgentConfig
 from spotrun.agent.deadman import DeadmanSwitch
@@ -21,6 +21,7 @@ from spotrun.agent.imds import INSTANCE_ACTION, REBALANCE, ImdsClient, endpoint_
 from spotrun.agent.logship import LogShipper
 from spotrun.agent.notice import NoticeWatcher, notice_poll_interval_wall_s
 from spotrun.agent.progress import ProgressReader
+from spotrun.agent.runner import notice_outcome
 from spotrun.agent.storeio import Reporter
 from spotrun.agent.userdata import config_from_user_data, embed_config
 from spotrun.errors import ConfigError, StoreError
@@ -44,13 +45,6 @@ class FakeClock:
     def advance(self, s: float) -> None:
         self.wall += s
         self.mono += s
-
-
-@pytest.fixture()
-def imds():
-    server = ImdsServer().start()
-    yield server
-    server.stop()
 
 
 # ------------------------------------------------------------ IMDS
@@ -283,3 +277,27 @@ def test_a_save_signal_sent_the_moment_the_job_starts_does_not_kill_it(tmp_path:
     finally:
         signal_group(proc, signal.SIGKILL)
         proc.wait()
+
+
+@pytest.mark.parametrize("notice, said, ended, expected", [
+    # The job's library words it: kept as it is.
+    ({"emergency_checkpoint_step": 7, "emergency_save_s": 0.4},
+     "emergency checkpoint at step 7 in 0.31 s", None, "emergency checkpoint at step 7 in 0.31 s"),
+    # A library that reports only the step (a framework callback): the agent words it.
+    ({"emergency_checkpoint_step": 7, "emergency_save_s": 0.4}, None, None,
+     "emergency checkpoint at step 7 in 0.40 s"),
+    # Still waiting, the library's reason; once the job is gone, final with how it ended.
+    ({"emergency_checkpoint_step": None}, "no emergency checkpoint: a training step is under way",
+     None, "no emergency checkpoint: a training step is under way"),
+    ({"emergency_checkpoint_step": None}, "no emergency checkpoint: a training step is under way",
+     "the job ended: cancelled, exit code 143",
+     "no emergency checkpoint: a training step is under way; the job ended: cancelled, "
+     "exit code 143"),
+    # Nothing from the job at all: never silence.
+    ({"emergency_checkpoint_step": None, "outcome": None}, None, None,
+     "no emergency checkpoint: the job has not reported one yet"),
+    ({"emergency_checkpoint_step": None}, None, "the job ended: error, exit code 1",
+     "no emergency checkpoint: the job ended: error, exit code 1, reporting none"),
+])
+def test_every_notice_gets_an_outcome(notice, said, ended, expected):
+    assert notice_outcome(notice, said, ended) == expected

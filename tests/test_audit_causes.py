@@ -9,10 +9,12 @@ from click.testing import CliRunner
 
 from spotrun.audit import audit_jobs
 from spotrun.audit.compute import CAUSES
+from spotrun.audit.reclaims import AttemptReports
 from spotrun.cli import cli
 from spotrun.catalog import catalog_od_price
 from spotrun.daemon.spend import SpendLoop
 from spotrun.db import session
+from spotrun.reports import ExitReport
 from spotrun.states import EndReason, JobState, Market
 from spotrun.store.file import FileStore
 from spotrun.ui.views import Reports
@@ -48,28 +50,32 @@ def test_causes_sum_to_actual_and_match_the_hand_worked_split(tmp_path):
                  market=Market.ON_DEMAND, price=OD_P3, start_step=1800, last_step=3200,
                  running_at=at(136))
     _book(eng, 227)
+    # Attempt 2's agent wrote its exit report 6 min before the instance ended.
+    exited = {2: AttemptReports(exit=ExitReport(ts=at(220).isoformat(), reason="completed"))}
     with session(eng) as s:
-        [ja] = audit_jobs(s, ["job-1"], od_price=OD)
+        [ja] = audit_jobs(s, ["job-1"], od_price=OD, to_market=lambda t: t,
+                          reports_of=lambda job, a: exited.get(a.number, AttemptReports()))
     c = ja.causes
     assert set(c) == set(CAUSES)
     assert ja.causes_total_usd() == pytest.approx(total_usd(eng, "job-1"), abs=1e-9)
     assert ja.actual_usd == pytest.approx(1.80 + 1.6 * OD_P3)
-    # Speed over both attempts: (1900 + 1400) steps / (1.89 h + 1.5 h) of training.
-    rate_h = 3300 / ((7200 - 360 - 36) / 3600 + (5760 - 360) / 3600)
+    # Speed over both attempts: (1900 + 1400) steps / (1.89 h + 1.4 h) of training.
+    rate_h = 3300 / ((7200 - 360 - 36) / 3600 + (5760 - 360 - 360) / 3600)
     spot_per_h, od_per_h = 0.90, OD_P3
     assert c["startup"].hours == pytest.approx(0.1)
     assert c["startup"].usd == pytest.approx(0.1 * spot_per_h)
     assert c["restart_overhead"].hours == pytest.approx(0.1)
     assert c["restart_overhead"].usd == pytest.approx(0.1 * od_per_h)
     assert c["checkpoint_stall"].usd == pytest.approx(0.01 * spot_per_h)
-    # Attempt 1 ran faster than the job's mean speed: its steps fill its 1.89 h of training
-    # (kept and lost in proportion); attempt 2 ran slower: the rest of its time is idle.
+    # Each attempt's steps fill the time it trained, at its own speed (kept and lost in
+    # proportion); attempt 2 is idle from its command's end (its exit report) to its end.
     train1_h = 2.0 - 0.1 - 0.01
     assert c["lost_work"].hours == pytest.approx(train1_h * 100 / 1900)
     assert c["lost_work"].usd == pytest.approx(train1_h * 100 / 1900 * spot_per_h)
-    assert c["productive"].hours == pytest.approx(train1_h * 1800 / 1900 + 1400 / rate_h)
-    assert c["paid_idle"].hours == pytest.approx(1.5 - 1400 / rate_h)
-    assert c["paid_idle"].usd == pytest.approx((1.5 - 1400 / rate_h) * od_per_h)
+    assert c["productive"].hours == pytest.approx(train1_h * 1800 / 1900 + 1.4)
+    assert c["paid_idle"].hours == pytest.approx(0.1)
+    assert c["paid_idle"].usd == pytest.approx(0.1 * od_per_h)
+    assert ja.baseline_on_demand_usd == pytest.approx((1800 + 1400) / rate_h * OD(P3))
     assert c["waiting_for_capacity"].hours == pytest.approx(10 / 60)
     assert c["waiting_for_capacity"].usd == 0.0
     assert c["node_replacement"].usd == 0.0

@@ -38,6 +38,7 @@ from spotrun.providers.local.market.clock import ManualClock
 from spotrun.providers.local.market.core import Market
 from spotrun.providers.local.market.options import MarketOptions
 from spotrun.providers.local.market.server import MarketHTTPServer, _Flags
+from spotrun.providers.facts import facts_for
 from spotrun.providers.local.provider import LocalProvider
 from spotrun.simulate.model import build_model, pick_starts
 from spotrun.simulate.runner import run_policies
@@ -45,9 +46,12 @@ from spotrun.states import AttemptState, EndReason, InstanceState, JobState, \
     Market as MarketKind
 from spotrun.traces import load_prices, load_trace
 
-TICK_S = 60.0
+# Ten-minute rows: a pool back two rows after a reclaim is past the notice quarantine
+# (720 s: the row after a reclaim is still closed), so both sides make the moves below with
+# the quarantine on (tests/test_notice_quarantine_simulate.py has one where it binds).
+TICK_S = 600.0
 TYPE = "p3.2xlarge"          # the type the trace "measured": spot prices are the file's
-WORK_HOURS = 0.25            # 15 ticks
+WORK_HOURS = 15 * TICK_S / 3600.0   # 15 ticks
 CHANGEOVER_TICKS = 2
 # Reclaims in every pool; za's price jumps at 13 (spotrun moves to zb at 21).
 POOLS = {
@@ -129,8 +133,10 @@ def simulator_decisions(r: Replay, policy: str, deadline_ticks: int) -> list[tup
     if policy not in ALL_POLICY_NAMES:
         model = build_model(load_trace(r.trace), load_prices(r.prices),
                             spot_price_usd_per_hour=None, od_price_usd_per_hour=od,
-                            work_hours=WORK_HOURS, deadline_hours=deadline_ticks / 60.0,
-                            changeover_hours=CHANGEOVER_TICKS * TICK_S / 3600.0)
+                            work_hours=WORK_HOURS,
+                            deadline_hours=deadline_ticks * TICK_S / 3600.0,
+                            changeover_hours=CHANGEOVER_TICKS * TICK_S / 3600.0,
+                            notice_quarantine_s=facts_for(load_settings()).notice_quarantine_s)
         result = run_policies(model, pick_starts(model, starts=None, seed=0, t0=[0]),
                               [policy], workers=1, record=True)
         write_decisions(out, result)
@@ -138,7 +144,8 @@ def simulator_decisions(r: Replay, policy: str, deadline_ticks: int) -> list[tup
             return [(int(row["tick"]), row["mode"], row["pool"]) for row in csv.DictReader(fh)]
     res = CliRunner().invoke(simulate, [
         "--trace", str(r.trace), "--prices", str(r.prices), "--od-price", repr(od),
-        "--work-hours", repr(WORK_HOURS), "--deadline-hours", repr(deadline_ticks / 60.0),
+        "--work-hours", repr(WORK_HOURS),
+        "--deadline-hours", repr(deadline_ticks * TICK_S / 3600.0),
         "--changeover-hours", repr(CHANGEOVER_TICKS * TICK_S / 3600.0), "--t0", "0",
         "--policy", policy, "--decisions", str(out), "--json"])
     assert res.exit_code == 0, res.output

@@ -50,9 +50,10 @@ log_flush_interval_s = 0.5
 
 @pytest.fixture
 def e2e(tmp_home: Path, tmp_path: Path, cpu_load):
-    """A home whose market always has capacity in two zones (reclaims come from the test)."""
-    trace = write_trace(tmp_path / "trace.csv", {"zone-a": [1] * 50, "zone-b": [1] * 50},
-                        tick_s=600.0)
+    """A home whose market always has capacity in three zones (reclaims come from the test;
+    each moves the job to a zone without a recent notice: docs/cost-model.md)."""
+    trace = write_trace(tmp_path / "trace.csv", {"zone-a": [1] * 50, "zone-b": [1] * 50,
+                                                 "zone-c": [1] * 50}, tick_s=600.0)
     (tmp_home / "spotrun.toml").write_text(TOML.format(trace=trace))
     code = tmp_path / "code"
     code.mkdir()

@@ -29,7 +29,8 @@ def test_interrupt_one_node_then_bad_input(tmp_home: Path, tmp_path: Path) -> No
         res = _cli(tmp_home, "interrupt", job_id, "--node", "1", "--notice-s", "30", "--json")
         assert res.exit_code == 0, res.output
         out = json.loads(res.output)
-        assert out["instances"] == [{"node_rank": 1, "instance_id": first[1]}]
+        assert [(i["node_rank"], i["instance_id"]) for i in out["instances"]] == [(1, first[1])]
+        assert out["instances"][0]["already_noticed"] is False
         [seen] = ctx.provider.describe(instance_ids=[first[1]])
         assert seen.notice_at is not None          # notice first, the reclaim after it
         wait_for(lambda: ticked(runner, lambda: (m := listed(ctx, job_id, 1)).get(1)

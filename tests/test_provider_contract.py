@@ -25,7 +25,7 @@ from spotrun.aws_clients import make_client
 from spotrun.errors import CapacityError
 from spotrun.providers import InstanceInfo, LaunchRequest, Pool, Provider
 from spotrun.providers.aws.provider import AwsProvider
-from spotrun.providers.base import TAG_NODE
+from spotrun.providers.base import TAG_NODE, Interruption
 from spotrun.providers.gcp.launch import zone_of
 from spotrun.providers.gcp.provider import GcpProvider
 from spotrun.providers.local.provider import LocalProvider
@@ -213,9 +213,9 @@ def _launch_group(h: Harness, req: LaunchRequest) -> list[InstanceInfo]:
         pytest.skip(f"{h.provider.name}: launch_group not built yet")
 
 
-def _interrupt(h: Harness, ids: list[str], notice_s: float) -> None:
+def _interrupt(h: Harness, ids: list[str], notice_s: float) -> list[Interruption]:
     try:
-        h.provider.interrupt(ids, notice_s=notice_s)
+        return h.provider.interrupt(ids, notice_s=notice_s)
     except NotImplementedError:
         pytest.skip(f"{h.provider.name}: interrupt not built yet")
 
@@ -260,6 +260,21 @@ def test_one_node_replacement_is_a_count_one_launch_with_its_own_token(harness: 
     new = harness.provider.launch(harness.provider.plan_launch(again))
     assert new.instance_id not in {i.instance_id for i in group}
     assert new.zone == harness.spot_ok.zone and _one(harness, new.instance_id).tags[TAG_NODE] == "1"
+
+
+def test_interrupt_says_what_it_did_and_never_moves_a_reclaim_later(harness: Harness) -> None:
+    info = _launch(harness, harness.spot_ok)
+    [first] = _interrupt(harness, [info.instance_id], notice_s=60.0)
+    assert first.instance_id == info.instance_id and first.reclaim_in_s >= 0
+    if first.at_most:
+        # The cloud shows no reclaim it already has in mind: "within" its own window, and a
+        # note whenever that window is not the one asked for.
+        assert bool(first.note) == (first.reclaim_in_s != 60.0)
+        return
+    assert first.reclaim_in_s <= 60.0 and first.reclaim_at is not None and not first.note
+    [again] = _interrupt(harness, [info.instance_id], notice_s=6000.0)
+    assert again.already_noticed and again.reclaim_at == first.reclaim_at
+    assert _one(harness, info.instance_id).notice_at is not None
 
 
 def test_interrupt_reclaims_after_the_notice(harness: Harness) -> None:

@@ -75,6 +75,10 @@ def child_env(config: AgentConfig, *, base: Mapping[str, str], secrets: Mapping[
     path = env.get("PATH", "")
     if bindir not in path.split(os.pathsep):
         env["PATH"] = bindir + (os.pathsep + path if path else "")
+    # Python's output reaches the agent line by line, not when an 8 KB buffer fills: a reclaim
+    # kills the job with what its buffer holds (the AWS unit sets it too; the spec's env wins).
+    if not env.get("PYTHONUNBUFFERED"):
+        env["PYTHONUNBUFFERED"] = "1"
     env.update(config.env)
     env.update(secrets)
     env.update({

@@ -9,6 +9,12 @@ Each flush uploads only the bytes added since the last one, with secret values
 replaced by '***'. A segment whose upload failed is retried with the same
 number and the same bytes before anything newer, so readers never see a gap
 filled later with different content.
+
+The agent flushes every `log_flush_interval_s`; from an interruption notice on
+(`ship_now`) the shipper follows the file itself, shipping new output within
+FOLLOW_S, because the reclaim ends the instance without warning and whatever
+is only on its disk is lost. The final flush, when the command has ended, stops
+that and ships the rest.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ from spotrun.agent.storeio import Reporter
 from spotrun.secrets import Redactor
 
 MAX_SEGMENT_BYTES = 4 * 1024 * 1024
+FOLLOW_S = 0.1   # after a notice: the longest new output waits before it is shipped
 
 
 def segment_key(prefix: str, seq: int) -> str:
@@ -43,6 +50,10 @@ class LogShipper:
         self.seq = 0
         self.bytes_shipped = 0
         self._unsent: bytes | None = None
+        # One flush at a time: the agent's loop, the follower and the final flush share it.
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._follower: threading.Thread | None = None
 
     def _upload(self, data: bytes) -> bool:
         if self.reporter.put_bytes(segment_key(self.prefix, self.seq), data):
@@ -68,8 +79,35 @@ class LogShipper:
         """True while a segment failed to upload and waits for a retry."""
         return self._unsent is not None
 
+    def ship_now(self) -> None:
+        """Ship what is there now, then new output as it comes, until the final flush
+        (the interruption notice: the instance may be gone at any moment). Returns at once."""
+        with self._lock:
+            if self._follower is not None or self._stop.is_set():
+                return
+            self._follower = threading.Thread(target=self._follow, name="log-follow",
+                                              daemon=True)
+            self._follower.start()
+
+    def _follow(self) -> None:
+        while not self._stop.is_set():
+            with self._lock:
+                self._flush(final=False)
+            self._stop.wait(FOLLOW_S)
+
     def flush(self, *, final: bool = False) -> int:
-        """Upload new output as segments; returns how many were written."""
+        """Upload new output as segments; returns how many were written. The final flush
+        (the command has ended and its output is all in the file) ends any following."""
+        if final:
+            self._stop.set()
+            if self._follower is not None:
+                self._follower.join()
+        elif self._follower is not None:
+            return 0   # the follower ships: the agent's loop must not wait on its upload
+        with self._lock:
+            return self._flush(final)
+
+    def _flush(self, final: bool) -> int:
         written = 0
         if self._unsent is not None:
             if not self._upload(self._unsent):

@@ -12,7 +12,7 @@ from typing import Any
 
 FIELDS = ("step", "total_steps", "steps_per_s", "last_checkpoint_step", "checkpoint_save_s",
           "emergency_checkpoint_step", "checkpoint_failures", "checkpoint_error_step",
-          "checkpoint_error")
+          "checkpoint_error", "notice_outcome")
 
 
 class ProgressReader:

@@ -81,7 +81,13 @@ class Agent(MultiNode):
         self._phases_sent: set[str] = set()
         self.outputs: OutputUploader | None = None
         self._tee: OutputTee | None = None
+        self.logship: LogShipper | None = None   # the job's output to the store (run() makes it)
         self.resumed_from: int | None = None   # the step of the checkpoint handed to the job
+        # The way back to training (agent wall times, ISO): reported in every heartbeat.
+        self.restore_started_at: str | None = None
+        self.restore_done_at: str | None = None
+        self.first_step_at: str | None = None
+        self._beat_step: Any = None   # the step the last heartbeat reported
         self.multi = is_multi_node(config)
         self.instance_id: str | None = None   # known from the start in a multi-node attempt
         self.init_multi_node()
@@ -111,6 +117,7 @@ class Agent(MultiNode):
         total = p.get("total_steps")
         if total is None:
             total = self.config.total_steps
+        self._beat_step = p.get("step")
         self.reporter.put_json(self._report_key("heartbeat"), dump(Heartbeat(
             ts=iso(self.clock.time()), attempt=self.config.attempt, phase=phase,
             step=p.get("step"), total_steps=total, steps_per_s=p.get("steps_per_s"),
@@ -121,7 +128,9 @@ class Agent(MultiNode):
             checkpoint_error=p.get("checkpoint_error"),
             notice=self._notice is not None, rebalance=self._rebalance,
             # The checkpoint this attempt really restored (the daemon's plan may differ).
-            resumed_from=self.resumed_from, **self.node_fields())))
+            resumed_from=self.resumed_from, restore_started_at=self.restore_started_at,
+            restore_done_at=self.restore_done_at, first_step_at=self.first_step_at,
+            **self.node_fields())))
 
     def _write_exit(self, reason: str, exit_code: int | None, message: str | None = None,
                     log_tail: str | None = None) -> None:
@@ -157,9 +166,13 @@ class Agent(MultiNode):
             self._notice_mono = self.clock.monotonic()
             self._notice = {"ts": iso(now), "action": info.get("action"), "time": info.get("time"),
                             "signalled_at": iso(now) if signalled else None,
-                            "emergency_checkpoint_step": None, "emergency_save_s": None}
+                            "emergency_checkpoint_step": None, "emergency_save_s": None,
+                            "outcome": None if signalled else
+                            "no emergency checkpoint: the job could not be signalled"}
             self.reporter.put_json(self._report_key("notice"), dump(Notice(**self._notice)))
         self._beat_now = True
+        if self.logship is not None:   # the job's output as it comes: the reclaim ends it
+            self.logship.ship_now()
         if self.outputs is not None:
             self.outputs.start("notice")   # what exists now, before the instance goes
         log.warning("interruption_notice", action=info.get("action"), time=info.get("time"),
@@ -170,18 +183,29 @@ class Agent(MultiNode):
         self._beat_now = True
         log.info("rebalance_recommendation", notice_time=self._rebalance)
 
-    def _check_emergency_save(self) -> None:
-        """Record the step of the save the notice triggered, once it shows in the progress file."""
+    def _check_emergency_save(self, ended: str | None = None) -> None:
+        """Report the notice's outcome: the emergency save once the progress file shows it, or
+        the job's word on why there is none yet (ended: the command is gone, the word is final)."""
         with self._notice_lock:
-            if self._notice is None or self._notice["emergency_checkpoint_step"] is not None:
+            notice = self._notice
+            if notice is None:
                 return
-            step = self.progress.read().get("emergency_checkpoint_step")
-            if step is None or step == self._notice_baseline:
+            p = self.progress.read()
+            said = p.get("notice_outcome") if isinstance(p.get("notice_outcome"), str) else None
+            step = p.get("emergency_checkpoint_step")
+            saved = notice["emergency_checkpoint_step"] is None and step is not None \
+                and step != self._notice_baseline
+            if saved:
+                took = round(self.clock.monotonic() - (self._notice_mono or 0.0), 3)
+                notice.update(emergency_checkpoint_step=step, emergency_save_s=took)
+                log.info("emergency_checkpoint_seen", step=step, save_s=took)
+            outcome = notice_outcome(notice, said, ended)
+            if outcome == notice["outcome"] and not saved:
                 return
-            took = round(self.clock.monotonic() - (self._notice_mono or 0.0), 3)
-            self._notice.update(emergency_checkpoint_step=step, emergency_save_s=took)
-            self.reporter.put_json(self._report_key("notice"), dump(Notice(**self._notice)))
-        log.info("emergency_checkpoint_seen", step=step, save_s=took)
+            notice["outcome"] = outcome
+            self.reporter.put_json(self._report_key("notice"), dump(Notice(**notice)))
+        if notice["emergency_checkpoint_step"] is None:
+            log.warning("notice_outcome", outcome=outcome)
 
     # ------------------------------------------------------------ a paced market's phases
 
@@ -192,6 +216,27 @@ class Agent(MultiNode):
         step = self.progress.read().get("step")
         if step is not None and (self.resumed_from is None or step > self.resumed_from):
             self._send_phase("training")
+
+    def _watch_progress(self) -> None:
+        """When the restore ended and the first new step came (as the progress file shows
+        them), and after a notice a heartbeat at every new step: a reclaim ends the agent
+        without an exit report, so its last heartbeat is all that tells the steps it lost."""
+        step = self.progress.read().get("step")
+        if not isinstance(step, int) or isinstance(step, bool):
+            return
+        base = self.resumed_from or 0
+        if self.first_step_at is None:
+            now = iso(self.clock.time())
+            if step > base:
+                # Restore and first step inside one progress refresh: the restore's end unseen.
+                self.first_step_at = now
+                self._beat_now = True
+            elif step == base and self.restore_done_at is None:
+                # The library reports its restored step before the first new one (its
+                # watchdog rewrites the file); a step below it is from before the restore.
+                self.restore_done_at = now
+        if self._notice is not None and step != self._beat_step:
+            self._beat_now = True
 
     def _send_phase(self, phase: str) -> None:
         try:
@@ -305,6 +350,7 @@ class Agent(MultiNode):
                 signal.signal(sig, self._on_signal)
         log.info("agent_start", job_id=self.config.job_id, attempt=self.config.attempt,
                  nodes=self.config.nodes)
+        self.restore_started_at = iso(self.clock.time())   # boot ends, setup and restore begin
         if self.multi:
             self.instance_id = instance_identity(self.environ, self.imds)
         elif not self._claim_attempt():
@@ -348,8 +394,8 @@ class Agent(MultiNode):
                         resume_checkpoint=prepared.resume_checkpoint,
                         progress_file=self.paths.progress_path, job_dir=self.paths.job_dir)
         self.redact = list(prepared.secrets.values())
-        shipper = LogShipper(self.reporter, log_prefix, self.paths.log_path,
-                             Redactor(self.redact))
+        shipper = self.logship = LogShipper(self.reporter, log_prefix, self.paths.log_path,
+                                            Redactor(self.redact))
         self.start_command(env)
         del env, prepared
         if self.config.outputs and self.writes_outputs():
@@ -388,6 +434,7 @@ class Agent(MultiNode):
             self._check_emergency_save()
             self._check_save_then_stop()
             self._report_phases()
+            self._watch_progress()
             if now >= next_beat or self._beat_now:
                 self._beat_now = False
                 self.heartbeat("running")
@@ -413,13 +460,14 @@ class Agent(MultiNode):
         code = exit_code_of(returncode)
         # A job that fails while asked to save and stop (budget) ended for that reason.
         reason = self.stop_reason or ("completed" if code == 0 else self._ending_for() or "error")
-        self._check_emergency_save()
+        self._check_emergency_save(ended=f"the job ended: {reason}, exit code {code}")
         if self._tee is not None and not self._tee.join():
             log.warning("job_output_still_open")   # an escaped process holds the pipe
+        # The output's end first: outputs may take long, and a reclaim may not wait.
+        shipper.flush(final=True)
         if self.outputs is not None:
             self.outputs.join()
             self.outputs.upload_safely("exit")
-        shipper.flush(final=True)
         tail = self._failure_tail(code)
         self._remove_local_log(shipper)
         self.heartbeat("exited")
@@ -450,6 +498,20 @@ class Agent(MultiNode):
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         except (subprocess.SubprocessError, OSError) as exc:
             log.error("shutdown_command_failed", error=str(exc)[:300])
+
+
+def notice_outcome(notice: Mapping[str, Any], said: str | None, ended: str | None) -> str | None:
+    """The outcome notice.json carries: the job library's own words where it gave them."""
+    step = notice.get("emergency_checkpoint_step")
+    if step is not None:
+        if said and said.startswith("emergency checkpoint"):
+            return said
+        return f"emergency checkpoint at step {step} in {notice.get('emergency_save_s') or 0:.2f} s"
+    if said and said.startswith("no emergency checkpoint"):
+        return said if ended is None else f"{said}; {ended}"
+    if ended is not None:
+        return f"no emergency checkpoint: {ended}, reporting none"
+    return notice.get("outcome") or "no emergency checkpoint: the job has not reported one yet"
 
 
 def _addressed(attempts: Any, attempt: int) -> bool:

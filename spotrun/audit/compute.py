@@ -20,6 +20,8 @@ from typing import Callable
 from sqlmodel import Session
 
 from spotrun.audit.regret import hindsight, hindsight_wanted
+from spotrun.audit.reclaims import RECLAIMED_EVENT, AttemptTruth, ReportsOf, ToMarket, \
+    attempt_truths, reclaim_times
 from spotrun.daemon.savefail import save_warnings
 from spotrun.audit.nodes import node_lines, node_seconds, replacement_seconds
 from spotrun.db import Attempt, AttemptNode, Job, JobRows, PricePointsOnce, SpendEntry, \
@@ -31,7 +33,6 @@ from spotrun.states import EndReason, JobState, Market
 
 OdPrice = Callable[[str], "float | None"]
 CheckpointStep = Callable[[Job], "int | None"]
-FinalStep = Callable[[Job, Attempt], "int | None"]   # the agent's last reported step
 # Every dollar of a job lands in exactly one cause; hours are provider-clock hours.
 ATTEMPT_CAUSES = ("productive", "lost_work", "startup", "restart_overhead", "paid_idle",
                   "checkpoint_stall")
@@ -59,24 +60,28 @@ class AttemptAudit:
     instance_usd: float
     gained_steps: int
     kept_steps: int
-    lost_steps: int
-    steps_per_hour: float | None
+    lost_steps: int | None            # None: still running, or its last step is unknown
+    steps_per_hour: float | None      # the speed its causes are split at (its own, measured)
     od_usd_per_hour: float | None
     baseline_usd: float
     overhead_s: float | None
     stall_s: float | None
     wait_before_s: float | None
     resumed_from: int = 0
-    ran_to: int = 0
+    ran_to: int | None = 0           # None: no report named a step of it
     causes: dict = field(default_factory=dict)
     not_charged_usd: float = 0.0
     nodes: list = field(default_factory=list)    # multi-node: one line per node instance
+    notice_outcome: str | None = None             # what the notice achieved, as the agent said
+    time_to_resume: dict | None = None            # the reclaim before it -> its first new step
+    trained_until: datetime | None = None         # its command's end (exit report), if known
 
     def to_dict(self) -> dict:
         """The JSON view of one attempt (times on the provider clock: `*_market`)."""
         d = {k: v for k, v in vars(self).items() if k not in ("causes", "started_at",
-                                                               "ended_at")}
+                                                               "ended_at", "trained_until")}
         d["started_at_market"], d["ended_at_market"] = self.started_at, self.ended_at
+        d["trained_until_market"] = self.trained_until
         d["causes"] = {c: {"hours": w.hours, "usd": w.usd} for c, w in self.causes.items()}
         return d
 
@@ -118,7 +123,8 @@ class JobAudit:
     saved_fraction: float | None = None
     preemptions: int = 0
     kept_steps: int = 0
-    lost_steps: int = 0
+    lost_steps: int = 0              # summed over the attempts whose lost steps are known
+    lost_steps_unknown: int = 0      # ended attempts whose last step no report gave
     ledger_rows: int = 0
     hindsight_regret_usd: float | None = None
     hindsight_optimal_usd: float | None = None   # instance cost of the best schedule
@@ -149,6 +155,7 @@ class JobAudit:
             "saved_usd": self.saved_usd, "saved_fraction": self.saved_fraction,
             "preemptions": self.preemptions, "reclaims": self.preemptions,
             "kept_steps": self.kept_steps, "lost_steps": self.lost_steps,
+            "lost_steps_unknown": self.lost_steps_unknown,
             "ledger_rows": self.ledger_rows,
             "causes": {k: {"hours": w.hours, "usd": w.usd} for k, w in self.causes.items()},
             "causes_total_usd": self.causes_total_usd(),
@@ -179,10 +186,11 @@ HINDSIGHT_NOTE = ("hindsight optimum: the cheapest schedule knowing the whole ma
 def audit_jobs(s: Session, refs: list[str] | None = None, *, since: datetime | None = None,
                until: datetime | None = None, od_price: OdPrice,
                checkpoint_step: CheckpointStep | None = None,
-               final_step: FinalStep | None = None,
+               reports_of: ReportsOf | None = None, to_market: ToMarket | None = None,
                time_scale: float = 1.0, jobs: list[Job] | None = None) -> list[JobAudit]:
     """Audit the named jobs (all jobs when refs is empty; jobs: these rows, already read),
-    in the order given / created.
+    in the order given / created. reports_of: the agents' own reports of an attempt (none:
+    the database's figures only); to_market: a wall time on the provider's clock.
 
     Every job's rows are read up front, a query per table (`rows_by_job`), never per job.
     """
@@ -197,9 +205,12 @@ def audit_jobs(s: Session, refs: list[str] | None = None, *, since: datetime | N
     elif jobs is None:
         jobs = list(iter_jobs(s))
     rows = read_rows(s, jobs, all_jobs=all_jobs)
+    reclaims = events_by_job(s, None if all_jobs else [j.id for j in jobs], kind=RECLAIMED_EVENT)
     return [audit_job(s, j, since=since, until=until, od_price=od_price,
-                      checkpoint_step=checkpoint_step, final_step=final_step,
-                      time_scale=time_scale, rows=rows.get(j.id) or JobRows())
+                      checkpoint_step=checkpoint_step, reports_of=reports_of,
+                      to_market=to_market, time_scale=time_scale,
+                      rows=rows.get(j.id) or JobRows(),
+                      reclaimed_at=reclaim_times(reclaims.get(j.id, [])))
             for j in jobs]
 
 
@@ -222,11 +233,16 @@ def read_rows(s: Session, jobs: list[Job], *, all_jobs: bool = False) -> dict[st
 def audit_job(s: Session, job: Job, *, since: datetime | None = None,
               until: datetime | None = None, od_price: OdPrice,
               checkpoint_step: CheckpointStep | None = None,
-              final_step: FinalStep | None = None, time_scale: float = 1.0,
-              rows: JobRows | None = None) -> JobAudit:
-    """Every figure for one job (rows: its rows as read_rows read them; None: read here)."""
+              reports_of: ReportsOf | None = None, to_market: ToMarket | None = None,
+              time_scale: float = 1.0, rows: JobRows | None = None,
+              reclaimed_at: dict[int, datetime] | None = None) -> JobAudit:
+    """Every figure for one job (rows, reclaimed_at: its rows and reclaim times as
+    audit_jobs read them; None: read here)."""
     if rows is None:
         rows = read_rows(s, [job]).get(job.id) or JobRows()
+    if reclaimed_at is None:
+        reclaimed_at = reclaim_times(events_by_job(s, [job.id], kind=RECLAIMED_EVENT)
+                                     .get(job.id, []))
     out = JobAudit(id=job.id, name=job.name, state=job.state.value, project=job.project,
                    owner=job.owner, time_scale=time_scale)
     ledger = [r for r in rows.spend if _in_window(r.start, since, until)]
@@ -246,8 +262,10 @@ def audit_job(s: Session, job: Job, *, since: datetime | None = None,
                 booked_end[r.attempt_id] = max(r.end, booked_end.get(r.attempt_id, r.end))
     ckpt = checkpoint_step(job) if checkpoint_step else None
     nodes = {a.id: rows.nodes_of(a.id) for a in atts if a.nodes > 1 or a.nodes_min is not None}
+    truths = attempt_truths(job, all_atts, reports_of, reclaimed_at=reclaimed_at,
+                            to_market=to_market, checkpointed=ckpt)
     _attempts(out, job, all_atts, atts, usd_by_attempt, gross_by_attempt, booked_end,
-              od_price, ckpt, final_step, nodes, usd_by_instance)
+              od_price, ckpt, truths, nodes, usd_by_instance)
     # Instance rows of no attempt audited here (outside the window, an orphan's) are "other".
     audited = {a.id for a in atts if a.started_at is not None}
     loose = sum(u for aid, u in usd_by_attempt.items() if aid not in audited) + sum(
@@ -290,22 +308,19 @@ def _actuals(out: JobAudit, rows: list[SpendEntry]) -> None:
 def _attempts(out: JobAudit, job: Job, all_atts: list[Attempt], atts: list[Attempt],
               usd_by_attempt: dict[int, float], gross_by_attempt: dict[int, float],
               booked_end: dict[int, datetime], od_price: OdPrice, ckpt: int | None,
-              final_step: FinalStep | None, nodes: dict[int, list[AttemptNode]] | None = None,
+              truths: dict[int, AttemptTruth], nodes: dict[int, list[AttemptNode]] | None = None,
               usd_by_instance: dict[str, float] | None = None) -> None:
-    nxt = {a.id: all_atts[i + 1] if i + 1 < len(all_atts) else None
-           for i, a in enumerate(all_atts)}
     prev = {a.id: all_atts[i - 1] if i > 0 else None for i, a in enumerate(all_atts)}
     facts = []
     for a in atts:
         if a.started_at is None:
             continue   # never ran: nothing billed, nothing gained
+        tr = truths[a.id]
         end = a.ended_at or booked_end.get(a.id)   # still running: as far as booked
         used_s = seconds_between(a.started_at, end) if end else 0.0
-        # The database's last step is the last heartbeat the daemon read; the agent's own
-        # last report (read from the store) may be later: steps run after the notice count.
-        reported = final_step(job, a) if final_step is not None else None
-        ran_to = max(a.last_step, reported or 0)
-        n = nxt[a.id]
+        # The agent's reports may tell of steps after the daemon's last read (the notice's).
+        ran_to = tr.last_step if tr.last_step is not None else a.last_step
+        n = tr.resumed_by
         if n is not None:
             end_step = n.start_step
         elif job.state is JobState.SUCCEEDED:
@@ -318,12 +333,14 @@ def _attempts(out: JobAudit, job: Job, all_atts: list[Attempt], atts: list[Attem
         p = prev[a.id]
         wait = (seconds_between(p.ended_at, a.started_at)
                 if p is not None and p.ended_at is not None else None)
-        facts.append((a, end, used_s, gained, kept, overhead, wait, ran_to))
+        train_s = _training_s(a, end, tr.trained_until, overhead)
+        facts.append((a, end, used_s, gained, kept, overhead, wait, ran_to, train_s))
     out.notes += save_warnings(atts)   # failed checkpoint saves (spotrun.daemon.savefail)
-    rates = _rates([f[:7] for f in facts], out)
+    rates = _rates([(f[0].instance_type, f[3], f[8], f[2]) for f in facts], out)
     out.waste = {c: WasteLine() for c in WASTE_CAUSES}
     out.causes = {c: WasteLine() for c in CAUSES}
-    for a, end, used_s, gained, kept, overhead, wait, ran_to in facts:
+    for a, end, used_s, gained, kept, overhead, wait, _ran_to, train_s in facts:
+        tr = truths[a.id]
         rate = rates.get(a.instance_type)
         od = od_price(a.instance_type)
         base = kept / rate / 3600.0 * od if rate and od else 0.0
@@ -331,6 +348,9 @@ def _attempts(out: JobAudit, job: Job, all_atts: list[Attempt], atts: list[Attem
             missing = "speed" if rate is None else "on-demand price"
             out.notes.append(f"attempt {a.number}: no {missing}"
                              f" for {a.instance_type}; its baseline is left out")
+        # Causes at the attempt's own speed: steps made over the time it trained (a paced
+        # market's clock runs at other rates in other attempts, and so does a busy host).
+        own = gained / train_s if train_s is not None and train_s > 0 and gained > 0 else rate
         inst_usd = usd_by_attempt.get(a.id, 0.0)
         # Unsaved steps of an attempt still running are work in progress, not (yet) lost.
         lost = 0 if a.ended_at is None else gained - kept
@@ -339,27 +359,32 @@ def _attempts(out: JobAudit, job: Job, all_atts: list[Attempt], atts: list[Attem
         if mine:
             split = _split_nodes(mine, end, used_s=used_s, inst_usd=inst_usd, overhead_s=overhead,
                                  stall_s=a.checkpoint_stall_s, kept_steps=gained - lost,
-                                 lost_steps=lost, steps_per_s=rate, first=first)
+                                 lost_steps=lost, steps_per_s=own, first=first)
         else:
             split = split_attempt(used_s=used_s, inst_usd=inst_usd, overhead_s=overhead,
                                   stall_s=a.checkpoint_stall_s, kept_steps=gained - lost,
-                                  lost_steps=lost, steps_per_s=rate, first=first)
+                                  lost_steps=lost, steps_per_s=own, first=first)
         free = (a.end_reason is EndReason.RECLAIMED and abs(inst_usd) < 1e-12
                 and gross_by_attempt.get(a.id, 0.0) > 0)
         aa = AttemptAudit(
             number=a.number, market=a.market.value, instance_type=a.instance_type, zone=a.zone,
             started_at=a.started_at, ended_at=a.ended_at,
             end_reason=a.end_reason.value if a.end_reason else None, used_s=used_s,
-            instance_usd=inst_usd, gained_steps=gained, kept_steps=kept, lost_steps=lost,
-            steps_per_hour=rate * 3600.0 if rate else None, od_usd_per_hour=od,
-            baseline_usd=base, overhead_s=overhead, stall_s=a.checkpoint_stall_s,
-            wait_before_s=wait, resumed_from=a.start_step, ran_to=ran_to,
-            causes=split, not_charged_usd=gross_by_attempt.get(a.id, 0.0) if free else 0.0,
-            nodes=node_lines(mine, usd_by_instance or {}, end))
+            instance_usd=inst_usd, gained_steps=gained, kept_steps=kept,
+            lost_steps=tr.lost_steps, steps_per_hour=own * 3600.0 if own else None,
+            od_usd_per_hour=od, baseline_usd=base, overhead_s=overhead,
+            stall_s=a.checkpoint_stall_s, wait_before_s=wait, resumed_from=a.start_step,
+            ran_to=tr.last_step, causes=split,
+            not_charged_usd=gross_by_attempt.get(a.id, 0.0) if free else 0.0,
+            nodes=node_lines(mine, usd_by_instance or {}, end),
+            notice_outcome=tr.notice_outcome, time_to_resume=tr.time_to_resume,
+            trained_until=tr.trained_until)
         out.attempts.append(aa)
         out.baseline_on_demand_usd += base
         out.kept_steps += kept
-        out.lost_steps += lost
+        out.lost_steps += tr.lost_steps or 0
+        if a.ended_at is not None and tr.lost_steps is None:
+            out.lost_steps_unknown += 1
         for cause, line in split.items():
             out.causes[cause].add(line.hours, line.usd)
         if wait is not None and wait > 0:
@@ -381,6 +406,20 @@ def _attempts(out: JobAudit, job: Job, all_atts: list[Attempt], atts: list[Attem
         out.waste[cause] = out.causes[cause]
     if any(prev[f[0].id] is not None and f[5] is None for f in facts):
         out.notes.append("restart overhead not measured for some attempts (no running_at)")
+    if out.lost_steps_unknown:
+        out.notes.append(f"lost steps unknown for {out.lost_steps_unknown} attempt(s): no "
+                         "report named their last step (not counted as 0)")
+
+
+def _training_s(a: Attempt, end: datetime | None, trained_until: datetime | None,
+                overhead_s: float | None) -> float | None:
+    """Provider seconds the attempt trained: from its first progress (running_at) to its
+    command's end (its exit report; none: its instance's end), less its checkpoint stalls;
+    None when its start of training is unknown."""
+    if overhead_s is None or end is None or a.started_at is None:
+        return None
+    stop = min(end, trained_until) if trained_until is not None else end
+    return seconds_between(a.started_at, stop) - overhead_s - (a.checkpoint_stall_s or 0.0)
 
 
 def split_attempt(*, used_s: float, inst_usd: float, overhead_s: float | None,
@@ -447,15 +486,16 @@ def _split_nodes(nodes: list[AttemptNode], end: datetime | None, *, used_s: floa
     return out
 
 
-def _rates(facts: list, out: JobAudit) -> dict[str, float]:
-    """Measured steps per provider-second on each instance type, overhead excluded."""
+def _rates(facts: list[tuple[str, int, float | None, float]], out: JobAudit
+           ) -> dict[str, float]:
+    """Measured steps per provider-second on each instance type (the baseline's speed):
+    facts are (type, steps gained, seconds trained or None if unknown, seconds used)."""
     by_type: dict[str, list] = defaultdict(list)
     for f in facts:
-        by_type[f[0].instance_type].append(f)
+        by_type[f[0]].append(f)
     rates: dict[str, float] = {}
     for itype, fs in by_type.items():
-        known = [(g, used - (ov or 0.0) - (a.checkpoint_stall_s or 0.0))
-                 for a, _e, used, g, _k, ov, _w in fs if ov is not None and g > 0]
+        known = [(g, train) for _t, g, train, _u in fs if train is not None and g > 0]
         steps = sum(g for g, _ in known)
         secs = sum(max(p, 0.0) for _, p in known)
         if steps > 0 and secs > 0:
@@ -463,7 +503,7 @@ def _rates(facts: list, out: JobAudit) -> dict[str, float]:
             continue
         # Without a measured start of training, the best attempt's overall rate is the
         # fastest (least overhead-diluted) figure: it keeps the baseline on the low side.
-        best = [g / used for _a, _e, used, g, _k, _o, _w in fs if g > 0 and used > 0]
+        best = [g / used for _t, g, _train, used in fs if g > 0 and used > 0]
         if best:
             rates[itype] = max(best)
             out.notes.append(f"{itype}: speed from the fastest attempt (training start unknown)")

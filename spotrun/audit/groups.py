@@ -16,7 +16,7 @@ from spotrun.audit.compute import JobAudit, WasteLine
 BY = ("project", "owner")
 _SUMMED = ("spot_usd", "on_demand_usd", "volume_usd", "storage_usd", "other_usd", "actual_usd",
            "baseline_on_demand_usd", "saved_usd", "preemptions", "kept_steps", "lost_steps",
-           "ledger_rows")
+           "lost_steps_unknown", "ledger_rows")
 
 
 @dataclass

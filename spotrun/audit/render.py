@@ -34,7 +34,8 @@ CAUSE_LABELS = {
 CSV_COLUMNS: list[str] = (
     ["id", "state", "spot_usd", "on_demand_usd", "volume_usd", "storage_usd", "other_usd",
      "actual_usd", "baseline_on_demand_usd", "baseline_reference_usd", "reference_instance",
-     "saved_usd", "saved_fraction", "preemptions", "kept_steps", "lost_steps", "ledger_rows",
+     "saved_usd", "saved_fraction", "preemptions", "kept_steps", "lost_steps",
+     "lost_steps_unknown", "ledger_rows",
      "not_charged_usd", "not_charged_hours", "hindsight_optimal_usd", "hindsight_regret_usd",
      "causes_total_usd", "hours_clock"]
     + [f"cause_{c}_{u}" for c in CAUSES for u in ("usd", "hours")]
@@ -128,3 +129,41 @@ def cause_rows(job: JobAudit) -> list[dict[str, str]]:
     rows.append({"cause": "hindsight optimum (what-if, not spent)",
                  "usd": f"({cell('usd', job.hindsight_optimal_usd)})", "hours": "", "share": ""})
     return rows
+
+
+# The reclaims table: (key, header, priority); the parts in the order they happen.
+RECLAIM_COLUMNS: list[tuple[str, str, int]] = [
+    ("reclaim", "reclaimed -> resumed", 0), ("lost_steps", "lost steps", 0),
+    ("total_s", "to resume", 0), ("detection_s", "detection", 2), ("waiting_s", "waiting", 3),
+    ("launch_s", "launch", 2), ("boot_s", "boot", 1), ("restore_s", "restore", 1),
+    ("first_step_s", "first step", 1)]
+
+
+def seconds_cell(v: float | None) -> str:
+    """A duration cell in seconds (`?`: not known)."""
+    return "?" if v is None else f"{v:,.1f}"
+
+
+def reclaim_rows(job: JobAudit) -> list[dict[str, str]]:
+    """One row per reclaim: the steps the next attempt computed again and the time it took
+    to train again, by part (provider-clock seconds; `?` unknown)."""
+    resumed = {(a.time_to_resume or {}).get("from_attempt"): a for a in job.attempts
+               if a.time_to_resume}
+    rows = []
+    for a in job.attempts:
+        if a.end_reason != "reclaimed":
+            continue
+        nxt = resumed.get(a.number)
+        ttr = (nxt.time_to_resume if nxt is not None else None) or {}
+        row = {"reclaim": f"{a.number} -> {nxt.number if nxt is not None else '-'}",
+               "lost_steps": "?" if a.lost_steps is None else str(a.lost_steps)}
+        for key, _h, _p in RECLAIM_COLUMNS[2:]:
+            row[key] = seconds_cell(ttr.get(key)) if nxt is not None else "-"
+        rows.append(row)
+    return rows
+
+
+def notice_lines(job: JobAudit) -> list[str]:
+    """What each attempt's interruption notice achieved, as its agent wrote it."""
+    return [f"attempt {a.number} notice: {a.notice_outcome}" for a in job.attempts
+            if a.notice_outcome]

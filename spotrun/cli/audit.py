@@ -13,7 +13,8 @@ from rich.console import Console
 from rich.table import Table
 
 from spotrun.audit.groups import BY, group_audits
-from spotrun.audit.render import TABLE_COLUMNS, cause_rows, cell, flat, to_csv, totals
+from spotrun.audit.render import RECLAIM_COLUMNS, TABLE_COLUMNS, cause_rows, cell, flat, \
+    notice_lines, reclaim_rows, to_csv, totals
 from spotrun.cli.common import echo_json, get_settings, open_state_db
 from spotrun.db import session
 from spotrun.errors import BadInputError
@@ -166,6 +167,14 @@ def _table(result, wide: bool = False) -> None:
         clock = "market" if job.time_scale != 1.0 else "provider"
         print_table(console, f"{job.id}: where the money went (h = {clock}-clock hours)",
                     ccols, cause_rows(job), wide=wide)
+        rows = reclaim_rows(job)
+        if rows:
+            print_table(console, f"{job.id}: reclaims (steps computed again; seconds to train "
+                                 f"again, {clock} clock)",
+                        [Column(k, h, p, "left" if k == "reclaim" else "right")
+                         for k, h, p in RECLAIM_COLUMNS], rows, wide=wide)
+        for line in notice_lines(job):
+            console.print(f"{job.id}: {line}", highlight=False, markup=False)
     for j in result:
         for n in j.notes:
             console.print(f"note: {j.id}: {n}", highlight=False)

@@ -72,7 +72,8 @@ def demo(time_scale: float | None, start_tick: int | None, stall_s: float, pacin
 
 def _print_proof(console: Console, proved: dict) -> None:
     """The demo's last words: what it showed, or which promise it did not keep."""
-    lost = ", ".join(str(n) for n in proved["steps_lost_per_reclaim"]) or "-"
+    lost = ", ".join("?" if n is None else str(n) for n in proved["steps_lost_per_reclaim"]) \
+        or "-"
     console.print(f"[bold]proved[/bold]: {proved['reclaims']} reclaim(s) survived, each attempt "
                   f"resumed from its predecessor's checkpoint; steps lost per reclaim: {lost}; "
                   f"spent ${proved['spent_usd']:.4f} vs ${proved['on_demand_usd']:.4f} "

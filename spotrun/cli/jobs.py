@@ -154,6 +154,45 @@ def steps_text(a: dict[str, Any]) -> str:
     return f"resumed from {a['resumed_from']}, ran to {end}"
 
 
+def lost_text(a: dict[str, Any]) -> str:
+    """An attempt's lost steps: `-` while it runs or if it never ran, `?` when unknown."""
+    if a.get("lost_steps") is not None:
+        return str(a["lost_steps"])
+    return "?" if a.get("started_at_market") and a.get("ended_at_market") else "-"
+
+
+RESUME_PARTS = (("detection_s", "detection"), ("waiting_s", "waiting"), ("launch_s", "launch"),
+                ("boot_s", "boot"), ("restore_s", "restore"), ("first_step_s", "first step"))
+
+
+def seconds_text(v: float | None) -> str:
+    """A duration: `12.3s`, `4m05s`, `1h02m`; `?` when unknown."""
+    if v is None:
+        return "?"
+    if abs(v) < 100:
+        return f"{v:.1f}s"
+    m, sec = divmod(int(round(v)), 60)
+    return f"{m}m{sec:02d}s" if m < 60 else f"{m // 60}h{m % 60:02d}m"
+
+
+def reclaim_lines(attempts: list[dict[str, Any]], clock: str) -> list[str]:
+    """Under the attempts table, per reclaim: the steps lost, the notice's outcome, and the
+    time the next attempt took to train again, by part (provider-clock seconds)."""
+    out = []
+    for a in attempts:
+        if a.get("end_reason") == "reclaimed" or a.get("notice_outcome"):
+            out.append(f"attempt {a['number']}: {a.get('end_reason') or a['state']}, lost steps "
+                       f"{lost_text(a)}; notice: {a.get('notice_outcome') or '-'}")
+        ttr = a.get("time_to_resume")
+        if ttr:
+            parts = ", ".join(f"{label} {seconds_text(ttr.get(key))}"
+                              for key, label in RESUME_PARTS)
+            out.append(f"attempt {a['number']} resumed {seconds_text(ttr.get('total_s'))} "
+                       f"({clock} clock) after attempt {ttr.get('from_attempt')}'s reclaim: "
+                       f"{parts}")
+    return out
+
+
 def print_timeline(console: Console, d: dict[str, Any], events: list[dict[str, Any]], *,
                    wide: bool = False) -> None:
     """One job: header, attempts table, events."""
@@ -171,7 +210,8 @@ def print_timeline(console: Console, d: dict[str, Any], events: list[dict[str, A
         console.print(f"times: run and start on the market clock (up to x{scale:g} the wall); "
                       "events on the wall clock", style="dim", soft_wrap=True)
     cols = [Column("n", "#", 0, "right"), Column("steps", "steps", 0),
-            Column("end", "end", 0), Column("pool", "pool", 1),
+            Column("end", "end", 0), Column("lost", "lost steps", 1, "right"),
+            Column("pool", "pool", 1),
             Column("ran", f"ran ({clock})", 2, "right"),
             Column("price", "$/h", 3, "right"),
             Column("start", f"start ({clock})", 4), Column("instance", "instance", 5)]
@@ -179,10 +219,13 @@ def print_timeline(console: Console, d: dict[str, Any], events: list[dict[str, A
              "price": f"{a['price_usd_per_hour']:.3f}",
              "ran": _span(a["started_at_market"], a["ended_at_market"]),
              "steps": steps_text(a), "end": a["end_reason"] or a["state"],
+             "lost": lost_text(a),
              "start": a["started_at_market"].strftime("%Y-%m-%d %H:%M:%S")
              if a["started_at_market"] else "-",
              "instance": _instances_text(a)} for a in d["attempts"]]
     print_table(console, "attempts", cols, rows, wide=wide)
+    for line in reclaim_lines(d["attempts"], clock):
+        console.print(line, highlight=False, markup=False)
     if events:
         e = Table(title="events (wall clock)")
         e.add_column("time", no_wrap=True)

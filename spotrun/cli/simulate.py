@@ -10,9 +10,10 @@ from pathlib import Path
 
 import click
 
-from spotrun.cli.common import echo_json, json_option
+from spotrun.cli.common import echo_json, get_settings, json_option
 from spotrun.errors import BadInputError
 from spotrun.decide.policy import ALL_POLICY_NAMES, POLICIES, Mode
+from spotrun.providers.facts import facts_for
 from spotrun.simulate.model import SimModel, build_model, pick_starts
 from spotrun.simulate.runner import SimResult, run_policies
 from spotrun.traces import load_prices, load_trace
@@ -183,9 +184,12 @@ def simulate(trace_path, pools, prices_path, spot_price, od_price, work_hours, d
                                 field="--pool", value=unknown[0])
         trace = trace.select(list(pools))
     prices = load_prices(prices_path) if prices_path else None
+    # A reclaim of the trace closes its pool as a notice does in the daemon: for the
+    # configured provider's notice_quarantine_s (docs/cost-model.md, "Notice quarantine").
+    quarantine_s = facts_for(get_settings()).notice_quarantine_s
     model = build_model(trace, prices, spot_price_usd_per_hour=spot, od_price_usd_per_hour=od,
                         work_hours=work, deadline_hours=deadline, changeover_hours=changeover,
-                        nodes=nodes_v)
+                        nodes=nodes_v, notice_quarantine_s=quarantine_s)
     rows = pick_starts(model, starts=n_starts, seed=seed_v, t0=t0_ticks or None)
     began = time.monotonic()
     result = run_policies(model, rows, names, workers=workers_v, record=out_path is not None)

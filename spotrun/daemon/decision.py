@@ -1,15 +1,16 @@
 """The daemon's call into the one decision (spotrun.decide), with its live inputs.
 
-The market snapshot and the reclaim-risk hints come from the provider, the history from the
-state database, the deadline from the job row (fixed once on the provider's clock);
-everything else is `decide` itself.
+The market snapshot and the reclaim-risk hints come from the provider, the history and the
+recent interruption notices (on the snapshot) from the state database, the deadline from the
+job row (fixed once on the provider's clock); everything else is `decide` itself.
 
 A scheduling pass reads what its decisions share once (`PassInputs`): one market read for
 every job, one risk model per (types, zones) kept while the provider's hints stay the same,
 the pool history once, each job's attempts from the pass's one query. A job's decision then
 stands (`Decisions`) until an input of it changes: its spec, its own history, the market
-(`snapshot_fingerprint`), the fleet's reclaims and restarts, the risk hints, or its deadline's
-slack crossing a bound where a pool starts or stops missing the deadline.
+(`snapshot_fingerprint`, with the pools recent notices close), the fleet's reclaims and
+restarts, the risk hints, or its deadline's slack crossing a bound where a pool starts or
+stops missing the deadline.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from spotrun.daemon.context import DaemonContext
 from spotrun.db import Attempt, Job, session
 from spotrun.decide import MarketSnapshot, Placement, decide, hours_left
 from spotrun.decide.market import SnapshotSource
+from spotrun.decide.quarantine import recent_notices
 from spotrun.providers.facts import facts_for
 from spotrun.spec import JobSpec
 from spotrun.states import EndReason
@@ -89,9 +91,14 @@ class PassInputs:
                  jobs: dict[str, Job] | None = None, risks: RiskModels | None = None) -> None:
         self.ctx = ctx
         self.catalog = catalog_for(ctx.settings)   # the provider's own catalog
-        self.source = SnapshotSource(ctx.provider, self.catalog.names())
+        facts = facts_for(ctx.settings)
+        # Every attempt's recent notices (any job) ride on the pass's market: a pool with one
+        # is closed to launches for the provider's quarantine (decide/quarantine.py).
+        window_s = facts.notice_quarantine_s
+        self.source = SnapshotSource(ctx.provider, self.catalog.names(),
+                                     notices=lambda at: recent_notices(ctx.engine, at, window_s))
         self.history = PassHistory(ctx.engine, attempts, jobs)
-        self.notice = notice_prior_of(facts_for(ctx.settings), ctx.settings)
+        self.notice = notice_prior_of(facts, ctx.settings)
         self.risks = risks or RiskModels()
         self._risk: dict[tuple[tuple[str, ...], tuple[str, ...]], tuple[Any, int]] = {}
         self._fleet: tuple[int, int] | None = None

@@ -11,7 +11,10 @@ interval of the provider clock, the same policy code `spotrun simulate` runs:
   (no heartbeat progress, e.g. `work.reference_hours` jobs) the provider clock: seconds on an
   instance after the changeover, exactly the simulator's model;
 - as in the simulator, the interval in which a spot reclaim is observed is lost (idle) and
-  the policy is asked again at the next one.
+  the policy is asked again at the next one;
+- a pool with a recent interruption notice (any attempt's, from the pass's market) or a
+  reclaim seen in the recorded market within the provider's `notice_quarantine_s` is closed
+  to launches, as the simulator closes a pool after each reclaim of its trace.
 
 Placement only decides; the scheduler launches, moves and stops (intent row first).
 """
@@ -34,6 +37,7 @@ from spotrun.decide.policy import (POLICIES, Decision, JobProgress, MarketHistor
                                    make_policy)
 from spotrun.errors import ConfigError
 from spotrun.providers.base import Pool
+from spotrun.providers.facts import facts_for
 from spotrun.spec import JobSpec, job_spec
 from spotrun.states import AttemptState, EndReason, Market
 
@@ -97,8 +101,11 @@ def clock_progress_s(attempts: list[Attempt], changeover_s: float, now: datetime
 class _Recorded:
     """The market of one (type, pools) as this daemon observed it, one row per interval."""
 
-    def __init__(self, pools: list[str]) -> None:
+    def __init__(self, pools: list[str], notice_quarantine_s: float) -> None:
         self.pools = pools
+        # A reclaim seen in the recorded market closes its pool as a notice does, as in the
+        # simulator (the provider's quarantine).
+        self.notice_quarantine_s = notice_quarantine_s
         self.history: MarketHistory | None = None
         self.slot: int | None = None
 
@@ -107,7 +114,8 @@ class _Recorded:
         up_row, price_row = np.asarray(up, dtype=bool), np.asarray(price, dtype=np.float64)
         if self.history is None:
             self.history = MarketHistory(self.pools, up_row[None, :], price_row[None, :],
-                                         od_price, tick_s)
+                                         od_price, tick_s,
+                                         notice_quarantine_s=self.notice_quarantine_s)
         else:
             self.history = self.history.extended(up_row, price_row)
         self.slot = slot
@@ -244,7 +252,9 @@ class PolicyPlacer:
             elapsed_s=_ms((now - origin).total_seconds()), changeover_s=_ms(changeover_s),
             tick_s=self.tick_s, mode=here.mode, pool=here.pool, changeover_left_s=_ms(left_s))
         policy = self._policies.setdefault(job.id, make_policy(self.policy_name))
-        decision = policy_step(policy, progress, view, field="daemon.policy")
+        # Pools a recent notice closed (any attempt's: the pass's market carries them).
+        decision = policy_step(policy, progress, view, field="daemon.policy",
+                               closed=placed.market.closed_zones(itype))
         if current is not None and current.instance_id is None:
             # A launch still being resolved (same client token next tick): do not move yet.
             return self._record(job, now, slot, decision, None, current, act=False)
@@ -258,7 +268,8 @@ class PolicyPlacer:
         key = (itype, tuple(z for z, _, _ in rows))
         rec = self._markets.get(key)
         if rec is None:
-            rec = self._markets[key] = _Recorded(list(key[1]))
+            rec = self._markets[key] = _Recorded(
+                list(key[1]), facts_for(self.ctx.settings).notice_quarantine_s)
         if rec.slot != slot:
             rec.add(slot, [u for _, u, _ in rows], [p for _, _, p in rows],
                     provider.on_demand_price(itype), self.tick_s)

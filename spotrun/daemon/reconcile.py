@@ -124,8 +124,12 @@ class ReconcileLoop:
             a.ended_at = info.ended_at or self.ctx.provider.now()
             a.detail = detail
             a.instance_cause = info.cause.value if info.cause else None
-            # The final heartbeat may tell of save failures no heartbeat pass saw.
-            record_save_failures(s, a, self._final_heartbeat(job, att))
+            # The final heartbeat may tell of save failures and steps no heartbeat pass saw
+            # (a reclaim leaves no exit report: the last beat is the attempt's last word).
+            final_beat = self._final_heartbeat(job, att)
+            record_save_failures(s, a, final_beat)
+            if final_beat is not None:
+                attempt_reported(a, final_beat.step)
             if report is not None:
                 attempt_reported(a, report.step)
             attempt_saved(a, saved)   # a save after the last report (notice, last moment)

@@ -90,7 +90,8 @@ def decide(spec: JobSpec, *, catalog: Catalog, market: MarketSnapshot, history: 
         from spotrun.costmodel.risk import risk_model
         risk = risk_model(catalog)
     ranking = rank(spec, catalog=catalog, market=market, history=history, hours_left=hours_left,
-                   job_id=job_id, steps_done=steps_done, risk=risk, notice=notice)
+                   job_id=job_id, steps_done=steps_done, risk=risk, notice=notice,
+                   time_scale=time_scale)
     order = launch_order(ranking.candidates, spec,
                          allow_on_demand=hours_left is not None)[:MAX_CANDIDATES]
     wait = None if order else wait_reason(spec, ranking, market)
@@ -133,6 +134,14 @@ def wait_reason(spec: JobSpec, ranking: Ranking, market: MarketSnapshot) -> str:
     if now and all("capacity" in r.reason for r in now):
         return (f"no spot capacity now in any of {len({(r.instance_type, r.zone) for r in now})}"
                 f" pool(s); waiting for capacity")
+    closed = [market.notice_in(r.instance_type, r.zone) for r in now
+              if r.zone and r.market == Market.SPOT.value]
+    if now and len(closed) == len(now) and all(n is not None for n in closed):
+        q = market.quarantine
+        first = min(q.until(n) for n in closed if n is not None)
+        return (f"every spot pool that can take the job had an interruption notice in the "
+                f"last {q.window_s:g} s ({len(now)} pool(s)); the first opens at "
+                f"{first:%H:%M:%S}")
     if now:
         return "; ".join(dict.fromkeys(r.reason for r in now[:3]))
     stuck = [r for r in ranking.rejected if NO_PROGRESS in r.reason]

@@ -124,7 +124,8 @@ def first_decision(spec: JobSpec, ranked: list[Candidate], market: MarketSnapsho
     progress = JobProgress(work_total_s=round(work[0], 3), work_done_s=0.0,
                            time_left_s=round((deadline - now).total_seconds(), 3),
                            elapsed_s=0.0, changeover_s=round(change, 3), tick_s=tick_s)
-    decision = policy_step(make_policy(policy_name), progress, history.view(0))
+    decision = policy_step(make_policy(policy_name), progress, history.view(0),
+                           closed=market.closed_zones(itype))
     return decision, policy_target(decision, itype, mine)
 
 

@@ -7,6 +7,7 @@ first candidate they print is what the daemon launches first when the market hol
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import datetime, timezone
 from typing import Any
 
@@ -18,6 +19,7 @@ from spotrun.decide import (Placement, catalog_snapshot, decide, hours_left,
                             refusal)
 from spotrun.decide.deadline import DEFAULT_TICK_S, first_decision, policy_places
 from spotrun.decide.market import MarketSnapshot
+from spotrun.decide.quarantine import recent_notices
 from spotrun.errors import SpotrunError
 from spotrun.providers.facts import facts_for
 from spotrun.spec import JobSpec
@@ -25,10 +27,26 @@ from spotrun.spec import JobSpec
 
 def history(settings: Settings) -> HistorySource:
     """The state database's history when there is one; reading never creates it."""
+    engine = _engine(settings)
+    return NoHistory() if engine is None else DbHistory(engine)
+
+
+def _engine(settings: Settings) -> Any:
+    """The state database's engine, or None when there is none (reading never creates it)."""
     from spotrun.db import database_missing, make_engine
     if database_missing(settings):
-        return NoHistory()
-    return DbHistory(make_engine(settings.database_url))
+        return None
+    return make_engine(settings.database_url)
+
+
+def with_notices(settings: Settings, market: MarketSnapshot, engine: Any) -> MarketSnapshot:
+    """The provider's market with the recent notices the daemon would see with it (engine:
+    the state database's, None: none yet). Read at the snapshot's time, the provider's clock,
+    as the daemon's pass reads them."""
+    if engine is None:
+        return market
+    window_s = facts_for(settings).notice_quarantine_s
+    return replace(market, quarantine=recent_notices(engine, market.at, window_s))
 
 
 def live_market(settings: Settings, catalog: Catalog, zones: list[str] | None
@@ -48,7 +66,8 @@ def offline_market(settings: Settings, catalog: Catalog, zones: list[str]) -> Ma
 def decide_for_cli(spec: JobSpec, settings: Settings, catalog: Catalog, market: MarketSnapshot,
                    *, provider: Any = None, refuse: bool = True) -> Placement:
     """decide() on the CLI's inputs; raises the refusal (exit 2) for a job that never runs."""
-    hist = history(settings)
+    engine = _engine(settings)
+    hist: HistorySource = NoHistory() if engine is None else DbHistory(engine)
     left = hours_left(spec.policy.deadline, datetime.now(timezone.utc))
     facts = facts_for(settings)
     scale = facts.time_scale(settings)
@@ -57,6 +76,9 @@ def decide_for_cli(spec: JobSpec, settings: Settings, catalog: Catalog, market: 
     if provider is not None:
         types = list(spec.resources.instance_types or catalog.names())
         hints = provider.risk_hints(types, list(market.zones))
+        # The daemon's market: with the pools its recent notices close (not on catalog prices,
+        # whose time is the wall's, not the provider's).
+        market = with_notices(settings, market, engine)
     from spotrun.costmodel.risk import risk_model
     placed = decide(spec, catalog=catalog, market=market, history=hist, hours_left=left,
                     time_scale=scale, risk=risk_model(catalog, hints=hints), notice=notice)
@@ -73,7 +95,6 @@ def decide_for_cli(spec: JobSpec, settings: Settings, catalog: Catalog, market: 
 def _with_policy(spec: JobSpec, settings: Settings, placed: Placement, market: MarketSnapshot,
                  provider: Any) -> Placement:
     """A deadline job's first launch: the policy's pick for the ranked type (as the daemon)."""
-    from dataclasses import replace
     tick_s = settings.daemon.policy_tick_s or _natural_tick(provider) or DEFAULT_TICK_S
     first = first_decision(spec, placed.ranking.candidates, market,
                            policy_name=settings.daemon.policy, tick_s=tick_s,

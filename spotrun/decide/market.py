@@ -13,6 +13,7 @@ from typing import Any, Callable, Iterable
 
 from spotrun.catalog import Catalog
 from spotrun.costmodel.prices import CatalogPrices, safe_price
+from spotrun.decide.quarantine import NO_QUARANTINE, PoolNotice, Quarantine
 
 PoolKey = tuple[str, str]
 
@@ -27,6 +28,8 @@ class MarketSnapshot:
     at: datetime
     source: str                                   # "live", "catalog snapshot", ...
     available: dict[PoolKey, bool] = field(default_factory=dict)  # missing: not known
+    # Recent interruption notices: a spot pool with one is closed to launches for a while.
+    quarantine: Quarantine = NO_QUARANTINE
     # Providers without a market view are asked per pool, once, only for pools a decision reads.
     fetch: Callable[[str, str], float | None] | None = field(default=None, compare=False,
                                                              repr=False)
@@ -45,6 +48,14 @@ class MarketSnapshot:
     def is_available(self, instance_type: str, zone: str) -> bool:
         """False only when the provider said the pool has no spot capacity now."""
         return self.available.get((instance_type, zone), True)
+
+    def notice_in(self, instance_type: str, zone: str) -> PoolNotice | None:
+        """The notice that closes the spot pool at this snapshot's time, or None."""
+        return self.quarantine.notice_in(instance_type, zone, self.at)
+
+    def closed_zones(self, instance_type: str) -> frozenset[str]:
+        """The zones whose spot pool of this type a notice closes now."""
+        return frozenset(z for t, z in self.quarantine.closed(self.at) if t == instance_type)
 
     def cheapest_spot(self, types: Iterable[str]) -> tuple[float, str, str] | None:
         """(price, type, zone) of the cheapest priced spot pool among types, or None."""
@@ -85,9 +96,14 @@ class SnapshotSource:
     `provider_snapshot(provider, types, zones)` returns at that moment.
     """
 
-    def __init__(self, provider: Any, types: Iterable[str]) -> None:
+    def __init__(self, provider: Any, types: Iterable[str],
+                 notices: Callable[[datetime], Quarantine] | None = None) -> None:
         self.provider = provider
         self.names = list(types)
+        # The recent notices at the snapshot's time (e.g. decide.quarantine.recent_notices),
+        # read once with the moment; None: no quarantine.
+        self._notices = notices
+        self._quarantine: Quarantine | None = None
         self._zones: tuple[str, ...] | None = None
         self._at: datetime | None = None
         self._rows: list[Any] | None = None
@@ -122,6 +138,9 @@ class SnapshotSource:
         assert zl is not None
         if self._at is None:
             self._at = provider.now()
+        if self._quarantine is None:
+            self._quarantine = (self._notices(self._at) if self._notices is not None
+                                else NO_QUARANTINE)
         spot: dict[PoolKey, float | None] = {}
         avail: dict[PoolKey, bool] = {}
         view = getattr(provider, "market_view", None)
@@ -146,13 +165,16 @@ class SnapshotSource:
             self._od = {t: safe_price(provider.on_demand_price, t) for t in self.names}
         source = getattr(provider, "snapshot_source", "live")
         return MarketSnapshot(zones=zl, spot=spot, on_demand=dict(self._od), at=self._at,
-                              source=source, available=avail, fetch=fetch)
+                              source=source, available=avail, quarantine=self._quarantine,
+                              fetch=fetch)
 
 
 def snapshot_fingerprint(market: MarketSnapshot, types: Iterable[str] | None = None) -> int:
     """A hash of everything a decision reads from the snapshot, its time aside.
 
-    Zones in order, spot prices and availability per pool, on-demand prices. A snapshot that
+    Zones in order, spot prices and availability per pool, on-demand prices, the pools a
+    notice closes at its time (so a notice, and the end of its quarantine, is a change). A
+    snapshot that
     fetches prices per pool is read for `types` in its zones (fetching them as a decision
     would); without types, only the pools it holds count.
     """
@@ -161,4 +183,4 @@ def snapshot_fingerprint(market: MarketSnapshot, types: Iterable[str] | None = N
     else:
         spot = tuple(market.spot.items())
     return hash((market.source, market.zones, spot, tuple(market.available.items()),
-                 tuple(market.on_demand.items())))
+                 tuple(market.on_demand.items()), market.quarantine.closed(market.at)))

@@ -21,6 +21,7 @@ from spotrun.costmodel.notice import (DEFAULT_STEP_S, GENERIC_NOTICE, NoticePrio
 from spotrun.costmodel.priors import Priors, priors_from_catalog
 from spotrun.costmodel.speed import ScalingCurve, default_scaling, instance_speed
 from spotrun.decide.market import MarketSnapshot
+from spotrun.decide.quarantine import quarantine_reason
 from spotrun.spec import JobSpec
 from spotrun.states import Market, MarketPolicy
 
@@ -124,7 +125,7 @@ class Ranking:
 def rank(spec: JobSpec, *, catalog: Catalog, market: MarketSnapshot, history: HistorySource,
          hours_left: float | None, job_id: str | None = None, steps_done: int = 0,
          priors: Priors | None = None, risk: Any = None,
-         notice: NoticePrior | None = None) -> Ranking:
+         notice: NoticePrior | None = None, time_scale: float = 1.0) -> Ranking:
     """Rank every pool the spec allows by modelled $ per reference-hour of progress.
 
     `notice` is the provider's interruption notice (ProviderFacts, costmodel.notice_prior_of);
@@ -201,7 +202,7 @@ def rank(spec: JobSpec, *, catalog: Catalog, market: MarketSnapshot, history: Hi
                                        sps_ref, counts)
                     c = _candidate(t, z, m, price, speedup, g, spec, priors, risk,
                                    pools.get((name, z)), per_type_restart.get(name), work_h,
-                                   nodes, job, hours_left, loss_in)
+                                   nodes, job, hours_left, loss_in, time_scale=time_scale)
                     if best is None or _rank_key(c) < _rank_key(best):
                         best = c
                 assert best is not None
@@ -225,6 +226,13 @@ def rank(spec: JobSpec, *, catalog: Catalog, market: MarketSnapshot, history: Hi
                 if m is Market.SPOT and not market.is_available(name, z):
                     reasons.append(Rejection(name, f"no spot capacity in {z} now", NOW, z,
                                              m.value))
+                    continue
+                notice = market.notice_in(name, z) if m is Market.SPOT else None
+                if notice is not None:
+                    # Capacity is being taken back there: the next launch would likely be
+                    # the next reclaim (decide/quarantine.py).
+                    reasons.append(Rejection(name, quarantine_reason(market.quarantine, notice),
+                                             NOW, z, m.value))
                     continue
                 out.append(c)
         rejected.extend(reasons)
@@ -291,7 +299,8 @@ def _candidate(t: InstanceType, zone: str, market: Market, price: float, speedup
                gpus: int, spec: JobSpec, priors: Priors, risk: Any, obs: PoolStats | None,
                type_restart: tuple[float, int] | None, work_h: float | None, nodes: int,
                job: JobStats, hours_left: float | None,
-               loss_in: tuple[float, float, float | None]) -> Candidate:
+               loss_in: tuple[float, float, float | None], *,
+               time_scale: float = 1.0) -> Candidate:
     restart_s = _restart_s(obs, type_restart, priors)
     ckpt_s = _checkpoint_cost_s(spec, gpus * nodes, job, priors)
     source, detail = "none", "on-demand: not reclaimed"
@@ -310,7 +319,7 @@ def _candidate(t: InstanceType, zone: str, market: Market, price: float, speedup
         mtbf_h = mtbf_h / max(nodes, 1)
     else:
         mtbf_h = None
-    interval_s = checkpoint_interval_s(spec, ckpt_s, mtbf_h, priors)
+    interval_s = checkpoint_interval_s(spec, ckpt_s, mtbf_h, priors, time_scale)
     p_notice, window_s, ref_step_s = loss_in
     # The emergency save writes what a periodic save writes: the checkpoint size model's cost.
     loss = reclaim_loss(usable=p_notice, window_s=window_s,
@@ -348,12 +357,22 @@ def _risk_prior(risk: Any, priors: Priors, itype: str, zone: str
 
 
 def checkpoint_interval_s(spec: JobSpec, checkpoint_cost_s: float, mtbf_h: float | None,
-                          priors: Priors) -> float:
-    """The one checkpoint interval rule: the spec's fixed interval, else Young/Daly."""
+                          priors: Priors, time_scale: float = 1.0) -> float:
+    """The one checkpoint interval rule, on the provider's clock: the spec's fixed interval,
+    else Young/Daly between the priors' bounds.
+
+    A save costs real time, so Young/Daly and its floor are wall seconds of training: on a
+    clock that runs time_scale times the wall while jobs train (the paced local market) the
+    MTBF is divided by it first, or `auto` would save every wall second at x60. The ceiling
+    is on the provider's clock: the work and money at risk between saves; where the two
+    bounds cross (a clock faster than max/min) the ceiling wins.
+    """
     if spec.checkpoint.interval_minutes is not None:
         return spec.checkpoint.interval_minutes * 60.0
-    return recommended_interval_s(checkpoint_cost_s, mtbf_h, min_s=priors.interval_min_s,
-                                  max_s=priors.interval_max_s)
+    wall_mtbf_h = None if mtbf_h is None else mtbf_h / time_scale
+    wall_s = recommended_interval_s(checkpoint_cost_s, wall_mtbf_h,
+                                    min_s=priors.interval_min_s, max_s=math.inf)
+    return min(wall_s * time_scale, priors.interval_max_s)
 
 
 def _restart_s(obs: PoolStats | None, type_restart: tuple[float, int] | None,

@@ -22,6 +22,7 @@ DEADLINE_POLICY = "deadline_policy"
 UNSUPPORTED = "unsupported"
 NO_POOL = "no_pool"
 BUDGET = "budget"           # a project or owner budget has no room (spotrun.budgets)
+NOTICE_QUARANTINE = "notice_quarantine"   # pools closed after a notice (decide/quarantine.py)
 
 # Whole-reason texts (spotrun.decide.core.wait_reason, decide.from_settings and the
 # scheduler's launch refusals), first match wins.
@@ -35,6 +36,8 @@ _WHOLE: list[tuple[re.Pattern[str], str]] = [
     (re.compile(r"^no spot pool can take the job now and on-demand"), ON_DEMAND_NEEDS_DEADLINE),
     (re.compile(r"^no pool can take the job( now)?$"), NO_POOL),
     (re.compile(r"^budget (project|owner) \S+: "), BUDGET),
+    (re.compile(r"^every spot pool that can take the job had an interruption notice"),
+     NOTICE_QUARANTINE),
 ]
 # One pool's rejection (spotrun.decide.rank); wait_reason joins up to three with "; ".
 _PART: list[tuple[re.Pattern[str], str]] = [
@@ -42,6 +45,8 @@ _PART: list[tuple[re.Pattern[str], str]] = [
     (re.compile(r"^no spot capacity in \S+ now$"), NO_CAPACITY),
     (re.compile(r"^no \S+ price in \S+$"), NO_PRICE),
     (re.compile(re.escape(NO_PROGRESS)), NO_PROGRESS_KIND),
+    (re.compile(r"^interruption notice in \S+ at [\d:]+: no spot launch there"),
+     NOTICE_QUARANTINE),
 ]
 
 

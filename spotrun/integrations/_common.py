@@ -203,15 +203,19 @@ def newest_of_kind(store: ObjectStore, kind: str, prefer: str | None = None,
 class Progress:
     """The progress file the agent's heartbeat reads (SPOTRUN_PROGRESS_FILE), rewritten atomically."""
 
-    def __init__(self, env: Mapping[str, str] | None = None, interval_s: float = 1.0) -> None:
+    def __init__(self, env: Mapping[str, str] | None = None, interval_s: float = 1.0,
+                 notice: Notice | None = None) -> None:
         env = os.environ if env is None else env
+        self.notice = notice
+        self._noticed = False
         path = env.get("SPOTRUN_PROGRESS_FILE") or None
         self.path = Path(path) if path else None
         total = (env.get("SPOTRUN_TOTAL_STEPS") or "").strip()
         self.fields: dict[str, Any] = {
             "step": 0, "total_steps": int(total) if total.isdigit() else None,
             "steps_per_s": None, "last_checkpoint_step": None, "checkpoint_save_s": None,
-            "emergency_checkpoint_step": None, "emergency_save_s": None}
+            "emergency_checkpoint_step": None, "emergency_save_s": None,
+            "notice_outcome": None}
         self.interval_s = interval_s
         self._last = -1e18
         self._mark: tuple[int, float] | None = None
@@ -225,7 +229,14 @@ class Progress:
         elif now - self._mark[1] >= 1.0:
             self.fields["steps_per_s"] = (step - self._mark[0]) / (now - self._mark[1])
             self._mark = (step, now)
-        if force or now - self._last >= self.interval_s:
+        if not self._noticed and self.notice is not None and self.notice.pending:
+            self._noticed = True
+            if self.fields["emergency_checkpoint_step"] is None:
+                self.fields["notice_outcome"] = ("no emergency checkpoint: the callback saves at "
+                                                 "the framework's next save point")
+        # After a notice every step is reported: the next attempt's count of lost steps reads
+        # the last finished step from here.
+        if force or self._noticed or now - self._last >= self.interval_s:
             self.write()
 
     def saved(self, step: int, save_s: float, emergency_s: float | None = None) -> None:
@@ -233,7 +244,10 @@ class Progress:
         self.fields.update(last_checkpoint_step=step, checkpoint_save_s=round(save_s, 4))
         if emergency_s is not None:
             self.fields.update(emergency_checkpoint_step=step,
-                               emergency_save_s=round(emergency_s, 4))
+                               emergency_save_s=round(emergency_s, 4),
+                               notice_outcome=f"emergency checkpoint at step {step} in "
+                                              f"{emergency_s:.2f} s")
+            self._noticed = True
         self.write()
 
     def write(self) -> None:

@@ -57,7 +57,7 @@ class SpotrunCallback(TrainerCallback):
         # Wall seconds between saves the callback asks for; None leaves it to save_steps.
         self.interval_s = interval_s if interval_s is not None else env_interval_s()
         self.notice = Notice(install_signal)
-        self.progress = Progress()
+        self.progress = Progress(notice=self.notice)
         self.uploaded_step: int | None = None
         self.emergency_steps: list[tuple[int, str]] = []   # (step, "train" | "evaluation")
         self._training = False

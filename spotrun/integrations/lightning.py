@@ -101,13 +101,23 @@ def _as_between_steps(loops: dict[str, Any]) -> None:
 
 
 def _as_before_validation(loops: dict[str, Any]) -> None:
-    """A save during a validation as one in its first step: the resume runs it whole."""
+    """A save during a validation as one in its first step: the resume runs it whole.
+
+    The first batch counts as ready and started (how Lightning tells a restart mid-validation),
+    and Lightning keeps totals on a restart: `_drop_phantom_batch` uncounts it when it reruns.
+    """
     progress = loops["fit_loop"]["epoch_loop.val_loop.batch_progress"]
     before = progress["total"]["completed"] - progress["current"]["completed"]
     progress["total"].update(ready=before + 1, started=before + 1, processed=before,
                              completed=before)
     progress["current"].update(ready=1, started=1, processed=0, completed=0)
     progress["is_last_batch"] = False
+
+
+def _drop_phantom_batch(trainer: Any) -> None:
+    """At the rerun validation's start: totals back to the batches finished before it."""
+    total = trainer.fit_loop.epoch_loop.val_loop.batch_progress.total
+    total.ready = total.started = total.processed = total.completed
 
 
 def _saved_step_count(loops: dict[str, Any], automatic: bool) -> dict[str, int]:
@@ -229,7 +239,7 @@ class SpotrunCallback(pl.Callback):
         self.keep = keep or env_keep()
         self.interval_s = interval_s if interval_s is not None else env_interval_s()
         self.notice = Notice(install_signal)
-        self.progress = Progress()
+        self.progress = Progress(notice=self.notice)
         self.uploaded_step: int | None = None
         self.emergency_steps: list[tuple[int, str]] = []
         self._last_save_t = time.monotonic()
@@ -240,6 +250,7 @@ class SpotrunCallback(pl.Callback):
         self._stepped_to_restore: int | None = None          # its logging step, likewise
         self._rng_before_val: tuple[int, dict[str, Any]] | None = None   # (step, state)
         self._steps_held_back = 0   # steps a resume hides until its validation reruns
+        self._val_rerun = False     # resumed from a save in a validation, not yet rerun
 
     # -- set-up: callback order, logger versions, persisted folders ----------------------
 
@@ -296,6 +307,7 @@ class SpotrunCallback(pl.Callback):
         step = int(checkpoint.get("global_step", -1))
         if saved.get("where"):
             self._last_saved = (step, str(saved["where"]))
+        self._val_rerun = saved.get("where") == "evaluation"
         if saved.get("where") == "evaluation" and 0 <= trainer.max_steps <= step:
             # Lightning ends a fit that reached max_steps before the validation it was in:
             # one step fewer until that validation starts again, so it runs (and counts).
@@ -346,8 +358,13 @@ class SpotrunCallback(pl.Callback):
             loader.batches_done = 0
 
     def on_validation_start(self, trainer: Any, pl_module: Any) -> None:
-        """A resumed final validation: the step count it was saved with is back."""
-        if self._steps_held_back and not trainer.sanity_checking:
+        """A rerun validation: its counters as before it, and a held-back step count back."""
+        if trainer.sanity_checking:
+            return
+        if self._val_rerun:
+            _drop_phantom_batch(trainer)
+            self._val_rerun = False
+        if self._steps_held_back:
             totals = _live_step_count(trainer, pl_module.automatic_optimization)
             totals.ready += self._steps_held_back
             totals.completed += self._steps_held_back

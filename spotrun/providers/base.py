@@ -114,6 +114,21 @@ class InstanceInfo:
 
 
 @dataclass(frozen=True)
+class Interruption:
+    """What a provider's interrupt did to one instance (`spotrun interrupt` says it as is)."""
+
+    instance_id: str
+    reclaim_in_s: float                  # provider seconds from now to the reclaim
+    reclaim_at: datetime | None = None   # that time on the provider's clock, where it knows it
+    # The instance already had a notice: no new one; its reclaim keeps its time unless a
+    # sooner one was asked for.
+    already_noticed: bool = False
+    # The provider cannot see a reclaim already due: it comes in reclaim_in_s or sooner.
+    at_most: bool = False
+    note: str = ""                       # the provider's own limit, where it changed the ask
+
+
+@dataclass(frozen=True)
 class PricePoint:
     """A spot price change point."""
 
@@ -153,9 +168,10 @@ class Provider(Protocol):
         Idempotent by client token: a retry returns the instances already started.
         """
 
-    def interrupt(self, instance_ids: list[str], notice_s: float = 120.0) -> None:
+    def interrupt(self, instance_ids: list[str], notice_s: float = 120.0) -> list[Interruption]:
         """Send the provider's spot interruption to these instances: notice first, the reclaim
-        notice_s provider seconds later (rehearsals and tests)."""
+        notice_s provider seconds later (rehearsals and tests). Returns what was done to each,
+        in order: a pending reclaim is never moved later, and the provider's own window wins."""
 
     def describe(self, *, job_id: str | None = None,
                  instance_ids: list[str] | None = None) -> list[InstanceInfo]:
@@ -210,6 +226,10 @@ class ProviderFacts:
     # The defaults are a provider that gives no notice.
     notice_window_s: Callable[[Any], float] = lambda st: 0.0
     notice_prior: float = 0.0
+    # After an interruption notice in a spot pool (type + zone), or a reclaim without one, no
+    # launch goes there for this many provider-clock seconds: the cloud is taking capacity
+    # back (spotrun/decide/quarantine.py; docs/cost-model.md, "Notice quarantine"). 0: none.
+    notice_quarantine_s: float = 0.0
     # The job's directory on an instance, the same absolute path on every attempt (frameworks
     # record absolute paths): a template with {job_id} and {node_rank}; None: <agent dir>/job.
     job_dir: Callable[[Any], str | None] = lambda st: None

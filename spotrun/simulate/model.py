@@ -2,7 +2,8 @@
 
 Rules (BRIEF section 4): the tick is the median gap between rows; work rounds up,
 the deadline down and the changeover to the nearest whole tick. Spot needs the pool
-available (>= `nodes` instances) at that tick.
+available (>= `nodes` instances) at that tick; a launch also needs it not closed by a
+reclaim within the notice quarantine (a reclaim of the trace is a notice in its pool).
 """
 
 from __future__ import annotations
@@ -57,8 +58,13 @@ class SimModel:
 
 def build_model(trace: Trace, prices: PriceBook | None, *, spot_price_usd_per_hour: float | None,
                 od_price_usd_per_hour: float, work_hours: float, deadline_hours: float,
-                changeover_hours: float = 0.2, nodes: int = 1) -> SimModel:
-    """Validate the inputs and turn hours into ticks; raises BadInputError naming the flag."""
+                changeover_hours: float = 0.2, nodes: int = 1,
+                notice_quarantine_s: float = 0.0) -> SimModel:
+    """Validate the inputs and turn hours into ticks; raises BadInputError naming the flag.
+
+    notice_quarantine_s: how long a reclaim of the trace closes its pool to launches (the
+    provider's fact, as the daemon applies it to a notice; 0: never).
+    """
     for flag, value in (("--od-price", od_price_usd_per_hour), ("--work-hours", work_hours),
                         ("--deadline-hours", deadline_hours)):
         if not (value > 0 and math.isfinite(value)):
@@ -99,7 +105,8 @@ def build_model(trace: Trace, prices: PriceBook | None, *, spot_price_usd_per_ho
         price = np.full((len(trace), len(trace.pools)), float(spot_price_usd_per_hour))
     else:
         raise BadInputError("give --prices CSV or --spot-price USD", field="--spot-price")
-    history = MarketHistory(trace.pools, trace.up(nodes), price, od_price_usd_per_hour, tick_s)
+    history = MarketHistory(trace.pools, trace.up(nodes), price, od_price_usd_per_hour, tick_s,
+                            notice_quarantine_s=notice_quarantine_s)
     return SimModel(history=history, tick_values=trace.ticks, work_ticks=work,
                     deadline_ticks=deadline, changeover_ticks=changeover)
 

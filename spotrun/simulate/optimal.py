@@ -7,7 +7,8 @@ is tau - lost, and the placement m the job was productive on (0 idle, 1 on-deman
   idle          -> lost + 1, free;
   stay in m     -> progress, pays m's price (spot needs the pool up);
   launch m'     -> C ticks of changeover at m''s prices (spot needs the pool up for all
-                   of them), then productive in m' at lost + C;
+                   of them, and not closed by a recent reclaim at tau), then productive
+                   in m' at lost + C;
   on spot j with j down at tau -> reclaimed: idle this tick, unpaid.
 A launch that is later abandoned or reclaimed mid-changeover is never better than
 idling, so the DP omits it. Runs are batched (numpy over starts x lost) per tick.
@@ -64,6 +65,10 @@ class _Inputs:
         self.cost[:, 1:] = np.where(self.up[:, 1:], (h.price * tick_h)[idx].transpose(0, 2, 1),
                                     _INF)
         self.lc = np.full((D, K, S), od * self.C)
+        # A launch into a pool a recent reclaim closed is not allowed (decide/quarantine.py).
+        shut = h.closed_rows()
+        if shut is not None:
+            lok = lok & ~np.asarray(shut, dtype=bool)
         self.lc[:, 1:] = np.where(lok[idx], lc[idx], _INF).transpose(0, 2, 1)
         late = np.arange(D) + self.C > D                                    # lands too late
         self.lc[late] = _INF
@@ -87,7 +92,9 @@ def _step(inp: _Inputs, tau: int, v1: np.ndarray, vc: np.ndarray, out: np.ndarra
     stay = tmp[0][:, :, :n]
     np.add(inp.cost[tau][:, :, None], v1[1:, :, band], out=stay)            # [K, S, n]
     if C == 0:
-        cand = stay
+        # Launching is staying's cost where a launch is allowed (lc: 0 there, else inf).
+        cand = tmp[1][:, :, :n]
+        np.add(stay, inp.lc[tau][:, :, None], out=cand)
     else:
         cand = tmp[1][:, :, :n]
         np.add(inp.lc[tau][:, :, None], vc[1:, :, lo + C:hi + C + 1], out=cand)

@@ -11,7 +11,8 @@ The interruption notice is honoured wherever the loop is (`spotrun.torch.notice`
 """
 
 from spotrun.torch.checkpointer import Checkpointer, young_daly_s
+from spotrun.torch.loader import ResumableDataLoader
 from spotrun.torch.notice import NoticeGuard
 from spotrun.torch.sampler import StatefulSampler
 
-__all__ = ["Checkpointer", "NoticeGuard", "StatefulSampler", "young_daly_s"]
+__all__ = ["Checkpointer", "NoticeGuard", "ResumableDataLoader", "StatefulSampler", "young_daly_s"]

@@ -20,8 +20,6 @@ before the termination time. Loops can mark safe points themselves with
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 import math
 import os
@@ -34,7 +32,7 @@ from typing import Any, Callable, Iterator, MutableMapping
 import torch
 
 from spotrun import jobfiles
-from spotrun.checkpoints import checkpoint_name, list_complete, list_names, read_manifest
+from spotrun.checkpoints import list_complete, list_names
 from spotrun.errors import ChecksumMismatch, ConfigError, ObjectNotFound, StoreError
 from spotrun.store import open_store
 from spotrun.store.base import ObjectStore
@@ -42,13 +40,15 @@ from spotrun.store.progress import network_progress
 from spotrun.torch import envconf
 from spotrun.torch.dist import DistContext, _unwrap
 from spotrun.torch.flatten import Slot, decode
-from spotrun.torch.notice import EMERGENCY, LAST, NoticeGuard
+from spotrun.torch.loader import warn_inexact
+from spotrun.torch.notice import EMERGENCY, LAST, NoticeGuard, StateChanged
 from spotrun.torch.persist import Outcome, Persister, failure
 from spotrun.torch.progress import ProgressFile
 from spotrun.torch.rng import get_rng_state
 from spotrun.torch.snapshot import Snapshot, SnapshotBuffer
 from spotrun.torch.state import StateMixin, extras_tree
-from spotrun.torch.storage import META, SHARD_BYTES, read_checkpoint
+from spotrun.torch.storage import SHARD_BYTES, matches_saved, read_checkpoint
+from spotrun.torch.watch import StateWatch, step_pre_hook
 
 log = logging.getLogger(__name__)
 
@@ -70,11 +70,10 @@ def young_daly_s(save_cost_s: float, mtbf_s: float) -> float:
                                   min_s=AUTO_BOUNDS_S[0], max_s=AUTO_BOUNDS_S[1])
 
 
-def _open(uri: str | None, cfg: envconf.EnvSettings) -> ObjectStore:
+def _open(uri: str | None, cfg: envconf.EnvSettings, env: MutableMapping[str, str]) -> ObjectStore:
     if not uri:
         if cfg.under_spotrun:
-            raise ConfigError("no checkpoint location", field="SPOTRUN_CHECKPOINT_URI",
-                              hint="set it, or pass uri= / store= to Checkpointer")
+            raise envconf.missing_location(env)
         local = Path.cwd() / LOCAL_DIR
         log.info("not under spotrun: checkpoints go to %s", local)
         uri = local.as_uri()
@@ -101,7 +100,8 @@ class Checkpointer(StateMixin):
                  wall: Callable[[], float] = time.time) -> None:
         cfg = envconf.from_env(env)
         self.dist = DistContext.current(sharded=sharded)
-        self.store = store if store is not None else _open(uri or cfg.uri, cfg)
+        self.store = store if store is not None else _open(uri or cfg.uri, cfg,
+                                                           os.environ if env is None else env)
         self.model, self.optimizer, self.scheduler, self.scaler = model, optimizer, scheduler, scaler
         self.extras: MutableMapping[str, Any] = extras if extras is not None else {}
         raw_interval = interval_s if interval_s is not None else cfg.interval_s
@@ -152,21 +152,33 @@ class Checkpointer(StateMixin):
         self._boundary: tuple[int, int] | None = None    # (thread, step) of a save at step()
         self._recorded: tuple[int, Any, dict[str, Any]] | None = None   # (step, rng, extras)
         self._buffers_at: tuple[int, dict[str, Any]] | None = None       # (step, buffer copies)
+        self._file_marks: tuple[int, Any] | None = None                  # (step, jobfiles.Marks)
         self._written_step: int | None = None            # step in the progress file
+        self._progress_lock = threading.Lock()
         self._record_safe = not self.dist.distributed and not self.dist.sharded
-        has_hook = callable(getattr(optimizer, "register_step_pre_hook", None))
-        self.overlap_snapshot = overlap_snapshot and has_hook
-        self._hooks = []
-        if has_hook:
-            self._hooks.append(optimizer.register_step_pre_hook(self._before_optimizer_step))
+        is_optimizer = isinstance(optimizer, torch.optim.Optimizer)
+        hook = step_pre_hook(optimizer, self._before_optimizer_step) if is_optimizer else None
+        # The overlapped copy waits in that hook before the optimizer changes what it copies.
+        self.overlap_snapshot = overlap_snapshot and hook is not None
+        self.guard = NoticeGuard(self._urgent_save, notice_file=notice_file or cfg.notice_file,
+                                 env={}, background=background_notice and self._record_safe,
+                                 grace_s=notice_grace_s, margin_s=notice_margin_s,
+                                 install_signal=install_signal, clock=clock, wall=wall)
+        self.guard.why_off = "background_notice=False" if self._record_safe else \
+            "under torchrun a save is a collective every rank joins"
+        self._hooks = [hook] if hook is not None else []
         if isinstance(model, torch.nn.Module) and any(True for _ in model.buffers()):
             # Train-mode forward changes buffers (BatchNorm statistics): a step has started.
             self._hooks.append(model.register_forward_pre_hook(self._before_forward))
-        self.guard = NoticeGuard(self._urgent_save, notice_file=notice_file or cfg.notice_file,
-                                 env={}, background=background_notice and has_hook
-                                 and self._record_safe, grace_s=notice_grace_s,
-                                 margin_s=notice_margin_s, install_signal=install_signal,
-                                 clock=clock, wall=wall)
+        # Any loop, with or without torch.optim: a backward pass, another optimizer or an
+        # in-place change also ends "clean at step n" (spotrun.torch.watch).
+        self.watch: StateWatch | None = None
+        if self._record_safe:
+            self.watch = StateWatch(_unwrap(model) if isinstance(model, torch.nn.Module)
+                                    else None, optimizer if is_optimizer else None, self.extras,
+                                    scheduler)
+            self._hooks += self.watch.install(self.guard.step_started)
+        self._written_outcome: str | None = None
         self.guard.on_saved = self._on_urgent_saved
         self.guard.on_tick = self._refresh_progress
         self.guard.start()
@@ -183,7 +195,7 @@ class Checkpointer(StateMixin):
         return ptrs
 
     def _before_optimizer_step(self, *_: Any) -> None:
-        self.guard.step_started()
+        self.guard.step_started("optimizer.step()")
         # The optimizer is about to change what the snapshot still copies: wait for it.
         snap = self._copying
         if snap is None:
@@ -203,7 +215,7 @@ class Checkpointer(StateMixin):
             # finished step, which stays saveable; the weights change at optimizer.step().
             self.guard.step_touched(self._record_buffers)
         else:
-            self.guard.step_started()
+            self.guard.step_started("a train-mode forward")
 
     def _record_buffers(self) -> None:
         """Copy the model's buffers as they are at the last finished step (once per step)."""
@@ -221,6 +233,7 @@ class Checkpointer(StateMixin):
     def notice(self, terminate_at_unix_s: float | None = None) -> None:
         """Request an emergency save (= SIGUSR1); a termination time adds the last-moment save."""
         self.guard.notice(terminate_at_unix_s)
+        self._refresh_progress()   # the outcome so far, even with no watchdog running
 
     def poll(self) -> str | None:
         """Call at safe points inside long stretches between steps; saves if a notice wants it.
@@ -273,21 +286,33 @@ class Checkpointer(StateMixin):
                 return
             rec = self._recorded
             if rec is None or rec[0] != step:
-                raise RuntimeError(f"no state recorded at step {step}")
-            tree = self.state_tree_local(step, rng=rec[1], extras=rec[2])
+                raise StateChanged(f"no state was recorded at step {step}")
             bufs = self._buffers_at
-            if bufs is not None and bufs[0] == step and "model" in tree:
+            copied = bufs is not None and bufs[0] == step
+            self._check_unchanged(step, copied)
+            tree = self.state_tree_local(step, rng=rec[1], extras=rec[2])
+            if copied and "model" in tree:
                 # A train-mode forward since the step: its buffers as they were at the step.
                 sd = tree["model"]   # a fresh state dict: changed in place, its metadata kept
                 for key in sd.keys() & bufs[1].keys():
                     sd[key] = bufs[1][key]
             snap = self.buffer.capture(step, tree)   # whole copy: the loop may go on after release
+            # A change the hooks cannot hold back (in place, no backward) may have raced the copy.
+            self._check_unchanged(step, copied)
             self._copying = None
             release()
             self._saved_step, self._last_save_t = step, self.clock()
             self.checkpoint_save_s = self.clock() - t0
-            self._record(self.persister.run(snap, self.dist.manifest_extra()))
+            marks = self._file_marks
+            self._record(self.persister.run(snap, self.dist.manifest_extra(),
+                                            as_of=marks[1] if marks and marks[0] == step else None))
             self.saves += 1
+
+    def _check_unchanged(self, step: int, buffers_copied: bool) -> None:
+        """Raise StateChanged if a tensor of the state changed in place since step `step`."""
+        what = self.watch.changed(step, buffers_copied=buffers_copied) if self.watch else None
+        if what is not None:
+            raise StateChanged(f"{what} changed in place after step {step}")
 
     def _on_urgent_saved(self, kind: str, step: int, took_s: float) -> None:
         info = self.guard.notice_info
@@ -315,10 +340,12 @@ class Checkpointer(StateMixin):
         self._last_save_t = self.clock()
         self._remember(step)
         self.guard.safe_step = step
+        self.write_progress()   # the restore's end, as it happens (the agent times the resume)
         return step
 
     def restore(self) -> int:
         """Load the requested (or newest verified) checkpoint; returns the step to continue from."""
+        warn_inexact(self.extras)   # what cannot resume exactly is said at run time, once
         if self.dist.sharded:
             from spotrun.torch.sharded import restore_sharded
             return self._restored(restore_sharded(self))
@@ -381,11 +408,20 @@ class Checkpointer(StateMixin):
         if self._record_safe:
             self._recorded = (step, get_rng_state(), extras_tree(self.extras))
             self._buffers_at = None   # copied again at the first train-mode forward after it
+            if self.watch is not None:
+                self.watch.mark(step, self._recorded[2])
+            files = self.persister.files
+            # The job's files as of this step: a later save of it leaves out rows written since.
+            self._file_marks = (step, files.mark()) if files is not None and files.active \
+                else None
 
     def write_progress(self) -> None:
-        """Rewrite the progress file now."""
-        self._written_step = self.current_step
-        super().write_progress()
+        """Rewrite the progress file now (the loop and the watchdog both do: one at a time)."""
+        with self._progress_lock:
+            fields = self.progress_fields()
+            self._written_step, self._written_outcome = fields["step"], fields["notice_outcome"]
+            self._last_progress_t = self.clock()
+            self.progress.write(fields)
 
     def _refresh_progress(self) -> None:
         """From the watchdog: report the last step once the loop stops stepping (an evaluation).
@@ -394,8 +430,9 @@ class Checkpointer(StateMixin):
         that finishes its steps and starts a long evaluation would leave an older
         step there (and in the agent's heartbeat) until the evaluation ends.
         """
-        if self._written_step != self.current_step and \
-                self.clock() - self._last_progress_t >= self.progress_interval_s:
+        if self._written_outcome != self.guard.outcome or (
+                self._written_step != self.current_step and
+                self.clock() - self._last_progress_t >= self.progress_interval_s):
             self.write_progress()
 
     def step(self, step: int) -> bool:
@@ -431,7 +468,10 @@ class Checkpointer(StateMixin):
         elif self.buffer.unprepared and self.dist.is_writer and not self.dist.sharded:
             # Optimizer state exists after the first step: size the buffer now, in the background.
             self.buffer.prepare(self.state_tree_local(step))
-        if now - self._last_progress_t >= self.progress_interval_s or saved:
+        # After a notice every step is reported: the next attempt's count of lost steps (the
+        # finished steps it computes again) reads the last one from here.
+        if now - self._last_progress_t >= self.progress_interval_s or saved or \
+                self.guard.notice_info is not None:
             self.write_progress()
         return saved
 
@@ -495,23 +535,6 @@ class Checkpointer(StateMixin):
             self.persister.wait()
             self._collect()
 
-    def _matches_saved(self, snap: Snapshot) -> bool:
-        """True if the store's checkpoint of snap.step holds exactly these bytes."""
-        try:
-            m = read_manifest(self.store, checkpoint_name(snap.step))
-        except (ObjectNotFound, StoreError):
-            return False
-        meta = json.dumps(snap.meta(), separators=(",", ":")).encode()
-        if m.files.get(META, {}).get("sha256") != hashlib.sha256(meta).hexdigest():
-            return False
-        shard = self.shard_bytes or SHARD_BYTES
-        snap.wait_ready()
-        for i in range(max(1, -(-snap.nbytes // shard))):
-            got = m.files.get(f"data-{i:03d}.bin", {}).get("sha256")
-            if got != hashlib.sha256(snap.data[i * shard:(i + 1) * shard]).hexdigest():
-                return False
-        return True
-
     def finish(self, step: int) -> None:
         """Leave a checkpoint of the final state (extras included) and wait until it is in the store."""
         self.current_step = step
@@ -525,7 +548,7 @@ class Checkpointer(StateMixin):
             else:
                 snap = self.dist.capture(self, step)   # a collective under torchrun
                 same = snap is None or (self._saved_step == step and self.last_checkpoint_step == step
-                                        and self._matches_saved(snap))
+                                        and matches_saved(self.store, snap, self.shard_bytes or SHARD_BYTES))
                 (need,) = self.dist.any_flags(not same)
                 if need and snap is not None:
                     self._record(self.persister.run(snap, self.dist.manifest_extra()))

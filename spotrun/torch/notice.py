@@ -79,6 +79,10 @@ STEP_EMA = 0.2              # weight of the newest step interval in the step-tim
 SaveFn = Callable[[int, str, Callable[[], None]], None]
 
 
+class StateChanged(Exception):
+    """Raised by a save function: the state is no longer that of the step it was asked to save."""
+
+
 @dataclass
 class Notice:
     """A received notice: when (guard clock) and, if known, the termination (guard clock)."""
@@ -144,6 +148,11 @@ class NoticeGuard:
         self.save_s: float | None = None          # duration of the emergency save, measured
         self.step_s: float | None = None          # estimated time between step boundaries
         self.background_saves = 0
+        # What became of the notice, true at every moment (the process may vanish at any):
+        # "emergency checkpoint at step N in T s", or "no emergency checkpoint: <why>".
+        self.outcome: str | None = None
+        self.why_off: str = "background=False"   # the owner says why the watchdog may not save
+        self._dirty_why: str | None = None         # what started the running step
         self._emergency_done = False
         self._last_done = False
         self._running: str | None = None          # kind of the save in progress
@@ -228,11 +237,14 @@ class NoticeGuard:
             if self.notice_info is None:
                 self.notice_info = Notice(received_at=self.clock(), deadline=deadline,
                                           action=action, source=source)
+                self.outcome = "no emergency checkpoint: the notice came, the save has not started"
                 log.warning("interruption notice (%s)%s", source,
                             "" if deadline is None else
                             f": terminates in {deadline - self.clock():.1f} s")
             elif deadline is not None and self.notice_info.deadline is None:
                 self.notice_info.deadline = deadline
+        if not self.background:
+            self._waiting()   # no watchdog save will come: say so now
         self._wake()
 
     def check_sources(self) -> None:
@@ -265,11 +277,16 @@ class NoticeGuard:
 
     # -- safe points ---------------------------------------------------------------
 
-    def step_started(self) -> None:
-        """The loop is about to change the training state: blocks while a save is copying it."""
+    def step_started(self, why: str = "step_started()") -> None:
+        """The loop is about to change the training state: blocks while a save is copying it.
+
+        why: what started the step (an optimizer step, a backward pass), for the notice's outcome.
+        """
         if self.safe_step is None:
             return
         with self._state:
+            if self.safe_step is not None:
+                self._dirty_why = f"{why} after step {self.safe_step}"
             self.safe_step = None
             self._clean_since = None
             self._touched_since = None
@@ -392,6 +409,21 @@ class NoticeGuard:
         t0 = self.clock()
         try:
             self.save_fn(step, kind, release)
+        except StateChanged as exc:
+            # The state moved on outside a step boundary we saw: step n is gone; the save
+            # waits for the next boundary.
+            with self._state:
+                if self.safe_step == step:
+                    self.safe_step = None
+                    self._clean_since = self._touched_since = None
+                    self._dirty_why = str(exc)
+            if kind == EMERGENCY:
+                self._say(f"no emergency checkpoint: {exc}; it waits for the next step()")
+            return
+        except Exception as exc:
+            if kind == EMERGENCY:
+                self._say(f"no emergency checkpoint: the save failed: {exc}"[:300])
+            raise
         finally:
             release()
             self._running = None
@@ -414,6 +446,12 @@ class NoticeGuard:
             self.background_saves += 1
         log.warning("%s checkpoint at step %d in %.2f s%s", kind, step, took,
                     " (from the watchdog)" if background else "")
+        info = self.notice_info
+        since = took if info is None else self.clock() - info.received_at
+        if kind == EMERGENCY:
+            self.outcome = f"emergency checkpoint at step {step} in {since:.2f} s"
+        elif self.outcome is not None and "; last-moment" not in self.outcome:
+            self.outcome += f"; last-moment checkpoint at step {step}"
         if self.on_saved is not None:
             self.on_saved(kind, step, took)
 
@@ -435,9 +473,27 @@ class NoticeGuard:
             max(DEFAULT_GRACE_S, TOUCHED_STEPS * self.step_s)
         return max(self.grace(), step_wait)
 
+    def _say(self, text: str) -> None:
+        """Set the notice's outcome; a new one is logged once (the job's log carries it)."""
+        if text != self.outcome:
+            self.outcome = text
+            log.warning("%s", text)
+
+    def _waiting(self) -> None:
+        """The emergency save is due and the watchdog may not make it: say why."""
+        if not self.background:
+            self._say(f"no emergency checkpoint: watchdog saves are off ({self.why_off}); "
+                      "it waits for the next step()")
+        elif self.safe_step is None:
+            self._say("no emergency checkpoint: " + (
+                f"a training step is under way ({self._dirty_why}); it saves at the step's end"
+                if self._dirty_why else "the loop has not reached restore() yet"))
+
     def tick(self) -> str | None:
         """One watchdog pass: save from this thread if a save is due and the loop is elsewhere."""
         kind = self.due()
+        if kind == EMERGENCY and (not self.background or self.safe_step is None):
+            self._waiting()
         if kind is None or not self.background or self.safe_step is None:
             return None
         info = self.notice_info

@@ -22,7 +22,7 @@ from tenacity import (RetryCallState, Retrying, retry_if_exception, stop_after_a
 
 from spotrun.checkpoints import Manifest, apply_retention, checkpoint_name
 from spotrun.errors import CheckpointError
-from spotrun.jobfiles import Capture, JobFiles
+from spotrun.jobfiles import Capture, JobFiles, Marks
 from spotrun.store.base import ObjectStore
 from spotrun.torch.snapshot import Snapshot
 from spotrun.torch.storage import Abandoned, write_snapshot
@@ -80,10 +80,14 @@ class Persister:
                 return 0.0
             return 1.0 - self._bytes_done / self._bytes_total
 
-    def run(self, snap: Snapshot, extra: dict[str, Any] | None = None) -> Outcome:
-        """Persist in the calling thread; raises CheckpointError if every try fails."""
+    def run(self, snap: Snapshot, extra: dict[str, Any] | None = None, *,
+            as_of: Marks | None = None) -> Outcome:
+        """Persist in the calling thread; raises CheckpointError if every try fails.
+
+        as_of: the persisted files' marks at the snapshot's step (a save made after it).
+        """
         self._cancel.clear()
-        out = self._persist(snap, extra, self._capture(snap))
+        out = self._persist(snap, extra, self._capture(snap, as_of))
         if out.error is not None:
             raise failure(out) from out.error
         return out
@@ -118,11 +122,11 @@ class Persister:
             done, self._done = self._done, []
         return done
 
-    def _capture(self, snap: Snapshot) -> Capture | None:
-        """The persisted files as they are now, at the snapshot's step."""
+    def _capture(self, snap: Snapshot, as_of: Marks | None = None) -> Capture | None:
+        """The persisted files as they are now (or as marked), at the snapshot's step."""
         if self.files is None or not self.files.active:
             return None
-        return self.files.capture(checkpoint=checkpoint_name(snap.step))
+        return self.files.capture(checkpoint=checkpoint_name(snap.step), as_of=as_of)
 
     def _background(self, snap: Snapshot, extra: dict[str, Any] | None,
                     files: Capture | None) -> None:

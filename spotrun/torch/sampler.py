@@ -2,18 +2,26 @@
 
 from __future__ import annotations
 
+import sys
+import warnings
 from typing import Any, Iterator
 
 import torch
 from torch.utils.data import Sampler
+from torch.utils.data.dataloader import _MultiProcessingDataLoaderIter
+
+
+class InexactResumeWarning(UserWarning):
+    """A resume from this state will not replay the uninterrupted run bitwise."""
 
 
 class StatefulSampler(Sampler[int]):
     """Shuffles with a per-epoch seed and remembers (epoch, position) for an exact resume.
 
-    The position counts indices handed out, which equals indices consumed with
-    `num_workers=0`; loaders that prefetch should bring their own state_dict
-    (e.g. torchdata's StatefulDataLoader) and pass it to the Checkpointer as an extra.
+    The position counts indices handed out, which equals indices consumed only with
+    `num_workers=0`: worker processes are handed indices ahead of the loop (prefetch). Under a
+    loader with workers it warns once (`multi_worker` turns True); use
+    `spotrun.torch.ResumableDataLoader` there, which counts consumed batches.
     """
 
     def __init__(self, length: int, *, seed: int = 0, shuffle: bool = True) -> None:
@@ -22,6 +30,7 @@ class StatefulSampler(Sampler[int]):
         self.shuffle = shuffle
         self.epoch = 0
         self.position = 0
+        self.multi_worker = False   # seen handing indices to a loader with worker processes
 
     def __len__(self) -> int:
         return self.length
@@ -33,7 +42,26 @@ class StatefulSampler(Sampler[int]):
         g = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)
         return torch.randperm(self.length, generator=g).tolist()
 
+    def _check_caller(self) -> None:
+        # Once an epoch, a few frames: the stock iterator that asks for indices is a caller
+        # (through a BatchSampler, if any) of this generator's first next().
+        frame = sys._getframe(2)
+        for _ in range(4):
+            if frame is None:
+                return
+            if isinstance(frame.f_locals.get("self"), _MultiProcessingDataLoaderIter):
+                if not self.multi_worker:
+                    self.multi_worker = True
+                    warnings.warn("StatefulSampler under a DataLoader with num_workers > 0: it "
+                                  "counts indices handed to the workers ahead of the loop, so a "
+                                  "resume skips batches never trained on. Use "
+                                  "spotrun.torch.ResumableDataLoader", InexactResumeWarning,
+                                  stacklevel=2)
+                return
+            frame = frame.f_back
+
     def __iter__(self) -> Iterator[int]:
+        self._check_caller()
         order = self._order()
         while self.position < self.length:
             i = order[self.position]

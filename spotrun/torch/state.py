@@ -85,7 +85,8 @@ class StateMixin:
                 "checkpoint_persist_s": s.checkpoint_persist_s,
                 "emergency_save_s": s.emergency_save_s,
                 "last_moment_checkpoint_step": s.last_moment_checkpoint_step,
-                "checkpoint_interval_s": s.interval_s, **s.persister.failure_fields()}
+                "checkpoint_interval_s": s.interval_s, "notice_outcome": s.guard.outcome,
+                **s.persister.failure_fields()}
 
     def write_progress(self) -> None:
         """Rewrite the progress file now."""

@@ -221,3 +221,20 @@ def read_checkpoint(store: ObjectStore, name: str, *, readers: int | None = None
         for f in [pool.submit(one, p) for p in parts]:
             f.result()   # the first bad shard raises; the others finish first (with-block)
     return m, meta, data
+
+
+def matches_saved(store: ObjectStore, snap: Snapshot, shard_bytes: int) -> bool:
+    """True if the store's checkpoint of snap.step holds exactly these bytes."""
+    try:
+        m = read_manifest(store, checkpoint_name(snap.step))
+    except (ObjectNotFound, StoreError):
+        return False
+    meta = json.dumps(snap.meta(), separators=(",", ":")).encode()
+    if m.files.get(META, {}).get("sha256") != hashlib.sha256(meta).hexdigest():
+        return False
+    snap.wait_ready()
+    for i in range(max(1, -(-snap.nbytes // shard_bytes))):
+        got = m.files.get(f"data-{i:03d}.bin", {}).get("sha256")
+        if got != hashlib.sha256(snap.data[i * shard_bytes:(i + 1) * shard_bytes]).hexdigest():
+            return False
+    return True

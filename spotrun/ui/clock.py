@@ -45,3 +45,27 @@ def provider_now(settings: Any) -> datetime:
     facts = FACTS.get(str(getattr(settings, "provider", "")))
     truth = facts.market_truth(settings) if facts is not None else None
     return truth.provider_time(now) if truth is not None else now
+
+
+class WallToProvider:
+    """A wall time on the provider's clock: itself on real time; on the local market, the
+    market time it really had (the paced clock's segments); None where no market clock can
+    be read. The market's record is read at the first conversion, once."""
+
+    def __init__(self, settings: Any) -> None:
+        self.settings = settings
+        self.real_time = time_scale(settings) == 1.0
+        self._truth: Any = None
+        self._read = False
+
+    def __call__(self, wall: datetime) -> datetime | None:
+        """The provider-clock time of wall (an aware UTC datetime)."""
+        if self.real_time:
+            return wall
+        if not self._read:
+            # Start-up cost: the providers' facts load every provider (as provider_now does).
+            from spotrun.providers.facts import FACTS
+            facts = FACTS.get(str(getattr(self.settings, "provider", "")))
+            self._truth = facts.market_truth(self.settings) if facts is not None else None
+            self._read = True
+        return self._truth.provider_time(wall) if self._truth is not None else None

@@ -12,6 +12,7 @@ from __future__ import annotations
 from datetime import datetime, timezone
 from typing import Any, Callable
 
+from spotrun.audit.reclaims import PARTS, ResumeStats, quantile
 from spotrun.states import JobState
 
 ACTIVE = {"queued", "starting", "running", "recovering", "cancelling"}
@@ -85,8 +86,30 @@ def render_metrics(status: list[dict], audits: list[dict],
                 age = checkpoint_age_s(store_for(j["checkpoint_uri"]))
                 if age is not None:
                     out.sample("spotrun_job_checkpoint_age_wall_seconds", age, job=j["id"])
+    _resume_family(out, audits)
     _loop_families(out, loops or {})
     return "\n".join(out.lines) + "\n"
+
+
+def _resume_family(out: _Out, audits: list[dict]) -> None:
+    """spotrun_time_to_resume_seconds: p50 and p95 of each part over every reclaim."""
+    stats = ResumeStats()
+    for a in audits:
+        for ttr in a.get("time_to_resume") or []:
+            stats.add(ttr)
+    name = "spotrun_time_to_resume_seconds"
+    out.family(name, "summary", "Provider-clock seconds from a spot reclaim to the next "
+               "attempt's first new step, by part (detection, waiting, launch, boot, restore, "
+               "first_step, total), over every reclaim of every job.")
+    for part in PARTS + ("total_s",):
+        xs = stats.samples.get(part, [])
+        if not xs:
+            continue
+        label = part.removesuffix("_s")
+        for q in (0.5, 0.95):
+            out.sample(name, float(quantile(xs, q) or 0.0), part=label, quantile=repr(q))
+        out.sample(f"{name}_sum", float(sum(xs)), part=label)
+        out.sample(f"{name}_count", len(xs), part=label)
 
 
 def _loop_families(out: _Out, loops: dict[str, dict]) -> None:

@@ -99,7 +99,8 @@ class Dashboard:
     def metrics(self) -> str:
         """Prometheus text (of the status and audit figures it shows, nothing more is built)."""
         audits = [{"id": a.id, "actual_usd": a.actual_usd, "saved_usd": a.saved_usd,
-                   "baseline_on_demand_usd": a.baseline_on_demand_usd}
+                   "baseline_on_demand_usd": a.baseline_on_demand_usd,
+                   "time_to_resume": [t.time_to_resume for t in a.attempts if t.time_to_resume]}
                   for a in self._audits(None, False)]
         return render_metrics(views.job_summaries(self.settings, engine=self.engine), audits,
                               self.reports.store, loops=live_loop_health(self.engine))

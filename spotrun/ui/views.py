@@ -21,21 +21,26 @@ from spotrun.db import Attempt, AttemptNode, Job, JobRows, SpendEntry, attempts_
     events_by_job, find_job, iter_jobs, open_settings_db, rows_by_job, session, where_ids
 from spotrun.daemon.savefail import save_warnings
 from spotrun.errors import NotFoundError
+from spotrun.audit.reclaims import RECLAIMED_EVENT, AttemptReports, ToMarket, attempt_truths, \
+    reclaim_times
 from spotrun.reports import ExitReport, Heartbeat, Notice, parse_report
-from spotrun.states import JobState
-from spotrun.ui.clock import clock_info, provider_now, time_scale
+from spotrun.states import EndReason, JobState
+from spotrun.ui.clock import WallToProvider, clock_info, provider_now, time_scale
 
 LOG_TAIL_BYTES = 8000
 
 
 class Reports:
-    """The agents' own last reports per attempt (heartbeat, exit), read from the store."""
+    """The agents' own last reports per attempt (heartbeat, exit, notice), read from the store."""
 
     def __init__(self, opener: Callable[[str], Any] | None = None) -> None:
         from spotrun.store import open_store
         self._open = opener or open_store
         self._stores: dict[str, Any] = {}
-        self._final: dict[tuple[str, int], int | None] = {}   # ended attempts: never change
+        # Attempts whose agent wrote its last report (exit.json is written last) or whose
+        # job is over: their reports never change. Any other attempt is read each time: an
+        # agent may write its last heartbeat after the daemon saw its instance end.
+        self._final: dict[tuple[str, int], AttemptReports] = {}
 
     def store(self, uri: str) -> Any:
         """The store at uri, opened once."""
@@ -49,26 +54,30 @@ class Reports:
         except Exception:   # a missing or unreadable report is simply not known
             return None
 
-    def final_step(self, job: Job, att: Attempt) -> int | None:
-        """The highest step the attempt's agent reported reached or saved (its last heartbeat,
-        its exit, the emergency save of its notice)."""
+    def attempt(self, job: Job, att: Attempt, *, settled: bool = False) -> AttemptReports:
+        """The attempt's last heartbeat, exit report and notice (settled: its job is over)."""
         known = (job.id, att.number)
         if known in self._final:
             return self._final[known]
-        steps = []
-        for key, cls in ((layout.heartbeat_key(job.id, att.number), Heartbeat),
-                         (layout.exit_key(job.id, att.number), ExitReport)):
-            rep = self._report(job.store_uri, key, cls)
-            if rep is not None and rep.step is not None:
-                steps.append(rep.step)
-        # A save the notice triggered may land after the last heartbeat: the job reached it.
-        notice = self._report(job.store_uri, layout.notice_key(job.id, att.number), Notice)
-        if notice is not None and notice.emergency_checkpoint_step is not None:
-            steps.append(notice.emergency_checkpoint_step)
-        found = max(steps) if steps else None
-        if getattr(att, "ended_at", None) is not None:
-            self._final[known] = found
-        return found
+        uri = job.store_uri
+        reps = AttemptReports(
+            heartbeat=self._report(uri, layout.heartbeat_key(job.id, att.number), Heartbeat),
+            exit=self._report(uri, layout.exit_key(job.id, att.number), ExitReport),
+            notice=self._report(uri, layout.notice_key(job.id, att.number), Notice))
+        if reps.exit is not None or settled:
+            self._final[known] = reps
+        return reps
+
+    def of_job(self, job: Job, att: Attempt) -> AttemptReports:
+        """`attempt`, settled once the job is over (the views' `ReportsOf`)."""
+        return self.attempt(job, att, settled=job.state.is_terminal())
+
+    def final_step(self, job: Job, att: Attempt) -> int | None:
+        """The highest step the attempt's agent reported reached or saved (its last heartbeat,
+        its exit, the emergency save of its notice)."""
+        reps = self.attempt(job, att)
+        steps = [s for s in (reps.reported_step(), reps.emergency_step()) if s is not None]
+        return max(steps) if steps else None
 
     def log_tail(self, job: Job, max_bytes: int = LOG_TAIL_BYTES) -> str:
         """The end of the job's output, all attempts in order."""
@@ -111,16 +120,21 @@ def attempt_nodes(a: Attempt, nodes: list[AttemptNode] | None) -> list[dict[str,
 
 def job_dict(job: Job, attempts: list[Attempt], *, reports: Reports | None = None,
              spend_usd: float | None = None, clock: dict | None = None,
-             nodes: dict[int, list[AttemptNode]] | None = None) -> dict[str, Any]:
-    """The `status --json` view of one job (the brief's contract plus progress)."""
+             nodes: dict[int, list[AttemptNode]] | None = None,
+             reclaimed_at: dict[int, datetime] | None = None,
+             to_market: ToMarket | None = None) -> dict[str, Any]:
+    """The `status --json` view of one job (the brief's contract plus progress, and each
+    reclaim's truth: lost steps, time to resume, the notice's outcome; reclaimed_at: the
+    wall times the daemon recorded reclaims, by attempt id)."""
     atts = []
     instance_ids: list[str] = []
+    truths = attempt_truths(job, attempts, reports.of_job if reports is not None else None,
+                            reclaimed_at=reclaimed_at, to_market=to_market)
     for a in attempts:
         node_list = attempt_nodes(a, (nodes or {}).get(a.id or -1))
         instance_ids += [n["instance_id"] for n in node_list
                          if n["instance_id"] and n["instance_id"] not in instance_ids]
-        reported = reports.final_step(job, a) if reports is not None and a.started_at else None
-        ran_to = max(a.last_step, reported or 0)
+        tr = truths.get(a.id or -1)
         atts.append({
             "number": a.number, "state": a.state.value, "market": a.market.value,
             "instance_type": a.instance_type, "zone": a.zone, "instance_id": a.instance_id,
@@ -131,7 +145,12 @@ def job_dict(job: Job, attempts: list[Attempt], *, reports: Reports | None = Non
             "end_reason": a.end_reason.value if a.end_reason else None,
             "resumed_from": a.start_step,
             # None: no step reported yet (a heartbeat from before the restore says nothing).
-            "ran_to": ran_to if a.started_at is not None and ran_to >= a.start_step else None,
+            "ran_to": tr.last_step if tr is not None else None,
+            # Steps the work goes on from below its last step (None: running, or unknown).
+            "lost_steps": tr.lost_steps if tr is not None else None,
+            "notice_outcome": tr.notice_outcome if tr is not None else None,
+            # From the reclaim before it to its first new step, provider-clock seconds.
+            "time_to_resume": tr.time_to_resume if tr is not None else None,
             "start_step": a.start_step, "last_step": a.last_step,
             "detail": a.detail if a.state.is_terminal() else None,
             "checkpoint_failures": a.checkpoint_failures,
@@ -209,10 +228,13 @@ def daemon_missing(settings: Any, engine: Any) -> str | None:
 
 
 def status_view(settings: Any, ref: str | None = None, *, events: bool = False,
-                reports: Reports | None = None, engine: Any = None) -> Any:
-    """`spotrun status --json`: a list of jobs; with ref, that one job as an object."""
+                reports: Reports | None = None, engine: Any = None,
+                to_market: ToMarket | None = None) -> Any:
+    """`spotrun status --json`: a list of jobs; with ref, that one job as an object
+    (to_market: wall times on the provider's clock; default: the settings' provider's)."""
     engine = engine or open_settings_db(settings)
     reports = reports or Reports()
+    to_market = to_market or WallToProvider(settings)
     clock = clock_info(settings)
     now: datetime | None = None
     no_daemon: str | None = None
@@ -222,6 +244,10 @@ def status_view(settings: Any, ref: str | None = None, *, events: bool = False,
         spend = spend_by_job(s, ids)
         rows = rows_by_job(s, ids, spend=False)
         history = events_by_job(s, ids) if events or ref else {}
+        reclaimed = any(a.end_reason is EndReason.RECLAIMED
+                        for r in rows.values() for a in r.attempts)
+        reclaims = (history if events or ref else events_by_job(s, ids, kind=RECLAIMED_EVENT)) \
+            if reclaimed else {}
         if any(j.state in WAITS_FOR_DAEMON for j in jobs):
             no_daemon = daemon_missing(settings, engine)
         data = []
@@ -229,7 +255,8 @@ def status_view(settings: Any, ref: str | None = None, *, events: bool = False,
             jr = rows.get(j.id) or JobRows()
             atts = jr.attempts
             d = job_dict(j, atts, reports=reports, spend_usd=spend.get(j.id, 0.0),
-                         clock=clock, nodes=jr.nodes)
+                         clock=clock, nodes=jr.nodes, to_market=to_market,
+                         reclaimed_at=reclaim_times(reclaims.get(j.id, [])))
             if no_daemon and j.state in WAITS_FOR_DAEMON \
                     and all(a.state.is_terminal() for a in atts):
                 # Whatever the job last waited for, nothing moves it until a daemon runs.
@@ -294,9 +321,9 @@ def job_summaries(settings: Any, *, engine: Any = None) -> list[dict[str, Any]]:
 def audit_view(settings: Any, refs: list[str] | None = None, *, since: datetime | None = None,
                until: datetime | None = None, hindsight: bool = True,
                reports: Reports | None = None, engine: Any = None,
-               jobs: list[Job] | None = None) -> list:
+               jobs: list[Job] | None = None, to_market: ToMarket | None = None) -> list:
     """`spotrun audit`: JobAudit per job (`.to_dict()` is the --json element); jobs: these
-    Job rows, already read, instead of refs."""
+    Job rows, already read, instead of refs; to_market as for `status_view`."""
     from spotrun.audit import audit_jobs
     from spotrun.audit.regret import MODEL_FOR_JOB, use_observed_model
     from spotrun.providers.facts import od_price_for
@@ -310,8 +337,9 @@ def audit_view(settings: Any, refs: list[str] | None = None, *, since: datetime 
         with session(engine) as s:
             return audit_jobs(s, list(refs or []), since=since, until=until,
                               od_price=od_price_for(settings),
-                              final_step=reports.final_step, time_scale=time_scale(settings),
-                              jobs=jobs)
+                              reports_of=reports.of_job,
+                              to_market=to_market or WallToProvider(settings),
+                              time_scale=time_scale(settings), jobs=jobs)
     finally:
         MODEL_FOR_JOB.pop("default", None)
         if saved is not None:

@@ -207,7 +207,9 @@ def test_spotrun_interrupt_preempts_the_jobs_spot_vm_with_gcps_window(gce, tmp_p
     assert res.exit_code == 0, res.output
     out = json.loads(res.output)
     assert out["provider"] == "gcp" and out["notice_s"] == 30.0
-    assert out["instances"] == [{"node_rank": 0, "instance_id": info.instance_id}]
+    assert out["instances"] == [{"node_rank": 0, "instance_id": info.instance_id,
+                                 "reclaim_in_s": 30.0, "reclaim_at": None,
+                                 "already_noticed": False, "at_most": True, "note": None}]
     assert [c for c in gce.calls("POST") if c.path.endswith(
         f"/instances/{info.instance_id}/simulateMaintenanceEvent")]
     done = wait_for(lambda: (i := p.describe(instance_ids=[info.instance_id])[0]).state

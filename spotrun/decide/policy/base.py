@@ -15,12 +15,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from enum import Enum
-from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
+from typing import Any, Iterable, NamedTuple, Protocol
 
+from spotrun.decide.policy.market import ClosedView, MarketView
 from spotrun.errors import SpotrunError
-
-if TYPE_CHECKING:
-    from spotrun.decide.policy.market import MarketView
 
 # Float slack when comparing seconds that are sums of whole ticks.
 _EPS_S = 1e-6
@@ -153,12 +151,15 @@ class SafePolicy:
 
 
 def policy_step(policy: Any, progress: JobProgress, view: "MarketView", *,
-                field: str = "policy") -> Decision:
+                field: str = "policy", closed: Iterable[str] = ()) -> Decision:
     """The one place a deadline decision is taken, by the daemon's placer and the simulator.
 
     The policy sees the job's progress and the market up to now; a spot decision must name a
-    pool that is available now (a policy that breaks this is a bug, reported as such).
+    pool that is available now (a policy that breaks this is a bug, reported as such). A
+    pool closed by a recent notice (`closed`: the daemon's notices; and every reclaim the
+    history saw within its quarantine) looks unavailable, unless the job is on it already.
     """
+    view = closed_view(progress, view, closed)
     d = policy.decide(progress, view)
     if d.mode is Mode.SPOT:
         pools = view.pools
@@ -166,3 +167,19 @@ def policy_step(policy: Any, progress: JobProgress, view: "MarketView", *,
             raise SpotrunError(f"policy {getattr(policy, 'name', policy)!r} chose unavailable "
                                f"pool {d.pool!r}", field=field)
     return d
+
+
+def closed_view(progress: JobProgress, view: "MarketView", closed: Iterable[str] = ()
+                ) -> "MarketView":
+    """The view a policy decides on: pools closed to launches look unavailable now.
+
+    Staying is not a launch, so the pool the job runs on stays as it is.
+    """
+    names = set(closed)
+    shut = view.closed_now()
+    if not names and (shut is None or not any(shut)):
+        return view
+    here = progress.pool if progress.mode is Mode.SPOT else None
+    blocked = {j for j, p in enumerate(view.pools)
+               if p != here and (p in names or (shut is not None and shut[j]))}
+    return ClosedView(view, blocked) if blocked else view

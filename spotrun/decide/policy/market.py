@@ -10,9 +10,13 @@ past `now`. The simulator builds one history over the whole trace and moves
 from __future__ import annotations
 
 import bisect
+import math
 from dataclasses import dataclass
 
 import numpy as np
+
+# Guards ceil of seconds over ticks against float noise (as simulate.model rounds).
+_ROUND_EPS = 1e-9
 
 
 def run_ages(up: np.ndarray) -> np.ndarray:
@@ -28,6 +32,24 @@ def run_ages(up: np.ndarray) -> np.ndarray:
     start = np.where(change, idx, 0)
     start = np.maximum.accumulate(start, axis=0)
     return idx - start + 1
+
+
+def closed_after_reclaims(up: np.ndarray, tick_s: float, window_s: float) -> np.ndarray:
+    """Bool [n, P]: pool j is closed to launches at tick t, a reclaim (up -> down) having been
+    seen at some r <= t with (t - r) x tick_s < window_s: each reclaim of the trace counts as
+    an interruption notice in its pool at that tick (decide/quarantine.py). Causal."""
+    n, n_pools = up.shape
+    if window_s <= 0 or n == 0:
+        return np.zeros((n, n_pools), dtype=bool)
+    # Ticks a reclaim keeps its pool closed, its own tick included.
+    k = max(1, math.ceil(window_s / tick_s - _ROUND_EPS))
+    ends = np.zeros((n, n_pools), dtype=np.int64)
+    ends[1:] = up[:-1] & ~up[1:]
+    seen = np.cumsum(ends, axis=0)
+    before = np.zeros_like(seen)
+    if k < n:
+        before[k:] = seen[:-k]
+    return (seen - before) > 0
 
 
 def _stretches(col: np.ndarray, value: bool) -> tuple[np.ndarray, np.ndarray]:
@@ -53,11 +75,16 @@ class MarketHistory:
 
     def __init__(self, pools: list[str], up: np.ndarray, price_usd_per_hour: np.ndarray,
                  od_price_usd_per_hour: float, tick_s: float,
-                 mtbf_prior_h: list[float] | None = None) -> None:
+                 mtbf_prior_h: list[float] | None = None, *,
+                 notice_quarantine_s: float = 0.0) -> None:
         self.pools = list(pools)
         # The provider's prior mean hours between reclaims per pool (its risk data), weighed
         # by policies as one pseudo-reclaim; None: they use the packaged pooled figure.
         self.mtbf_prior_h = None if mtbf_prior_h is None else [float(x) for x in mtbf_prior_h]
+        # How long a reclaim seen here closes its pool to launches (the provider's
+        # notice_quarantine_s; 0: never).
+        self.notice_quarantine_s = float(notice_quarantine_s)
+        self._closed_rows: list[list[bool]] | None = None
         self.up = np.ascontiguousarray(up, dtype=bool)
         self.price = np.ascontiguousarray(price_usd_per_hour, dtype=np.float64)
         self.od_price_usd_per_hour = float(od_price_usd_per_hour)
@@ -89,6 +116,16 @@ class MarketHistory:
             self._some_up = (x, run_ages(x[:, None])[:, 0])
         return self._some_up
 
+    def closed_rows(self) -> list[list[bool]] | None:
+        """Per tick and pool: closed by a reclaim seen within the quarantine (None: no
+        quarantine). Computed on first use."""
+        if self.notice_quarantine_s <= 0:
+            return None
+        if self._closed_rows is None:
+            self._closed_rows = closed_after_reclaims(self.up, self.tick_s,
+                                                      self.notice_quarantine_s).tolist()
+        return self._closed_rows
+
     def view(self, now: int) -> "MarketView":
         """The market as known at tick now."""
         if not 0 <= now < len(self.up_rows):
@@ -99,7 +136,8 @@ class MarketHistory:
         """A new history with one more observed tick (the daemon's way to grow it)."""
         return MarketHistory(self.pools, np.vstack([self.up, up_row[None, :]]),
                              np.vstack([self.price, price_row[None, :]]),
-                             self.od_price_usd_per_hour, self.tick_s, self.mtbf_prior_h)
+                             self.od_price_usd_per_hour, self.tick_s, self.mtbf_prior_h,
+                             notice_quarantine_s=self.notice_quarantine_s)
 
 
 class MarketView:
@@ -129,6 +167,12 @@ class MarketView:
     def up_now(self) -> list[bool]:
         """Bool per pool: spot available now (do not modify)."""
         return self.h.up_rows[self.now]
+
+    def closed_now(self) -> list[bool] | None:
+        """Bool per pool: a reclaim seen within the quarantine closes it to launches now
+        (None: the history has no quarantine)."""
+        rows = self.h.closed_rows()
+        return None if rows is None else rows[self.now]
 
     def price_now(self) -> list[float]:
         """Spot price per pool now, USD/hour (do not modify)."""
@@ -167,3 +211,17 @@ class MarketView:
         v = self.h.up[:self.now + 1, j]
         v.flags.writeable = False
         return v
+
+
+class ClosedView(MarketView):
+    """The market at `now` with some pools closed to launches: they look unavailable now."""
+
+    __slots__ = ("_up",)
+
+    def __init__(self, view: MarketView, closed: set[int]) -> None:
+        super().__init__(view.h, view.now)
+        self._up = [ok and j not in closed for j, ok in enumerate(view.up_now())]
+
+    def up_now(self) -> list[bool]:
+        """Bool per pool: spot available now and not closed (do not modify)."""
+        return self._up

@@ -27,9 +27,14 @@ def default_role_arn(account: str) -> str:
     return f"arn:aws:iam::{account}:role/{FIS_ROLE_NAME}"
 
 
+def fis_notice_s(notice_s: float) -> int:
+    """The notice FIS gives for an ask of notice_s: clamped to its 2-15 minutes, whole seconds."""
+    return int(math.ceil(min(max(notice_s, NOTICE_MIN_S), NOTICE_MAX_S)))
+
+
 def iso_duration(notice_s: float) -> str:
     """notice_s clamped to FIS's 2-15 minutes, as an ISO 8601 duration (PT2M, PT150S)."""
-    s = int(math.ceil(min(max(notice_s, NOTICE_MIN_S), NOTICE_MAX_S)))
+    s = fis_notice_s(notice_s)
     return f"PT{s // 60}M" if s % 60 == 0 else f"PT{s}S"
 
 

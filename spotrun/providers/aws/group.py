@@ -19,7 +19,8 @@ from spotrun.aws_clients import CAPACITY_CODES, error_code, use_retries
 from spotrun.errors import BadInputError, CapacityError, ProviderError
 import spotrun.providers.aws.fis as aws_fis
 from spotrun.providers.aws.launch import TAG_TOKEN, build_group_calls, ec2_error
-from spotrun.providers.base import TAG_JOB, TAG_NODE, InstanceInfo, LaunchPlan, LaunchRequest
+from spotrun.providers.base import (TAG_JOB, TAG_NODE, InstanceInfo, Interruption, LaunchPlan,
+                                    LaunchRequest)
 from spotrun.states import InstanceState
 
 log = logging.getLogger(__name__)
@@ -137,11 +138,15 @@ class GroupActs:
             raise ProviderError("no FIS client configured", field="aws")
         return self._fis
 
-    def interrupt(self, instance_ids: list[str], notice_s: float = 120.0) -> None:
-        """A spot interruption through FIS: notice now, reclaim after notice_s (2-15 min)."""
+    def interrupt(self, instance_ids: list[str], notice_s: float = 120.0) -> list[Interruption]:
+        """A spot interruption through FIS: notice now, reclaim after notice_s (2-15 min).
+
+        EC2 shows spotrun no reclaim it already has in mind, and nothing postpones one: the
+        reclaim comes after FIS's notice or sooner (`at_most`).
+        """
         ids = list(dict.fromkeys(instance_ids))
         if not ids:
-            return
+            return []
         raw = self._raw_instances(ids)
         missing = [i for i in ids if i not in raw]
         if missing:
@@ -168,6 +173,11 @@ class GroupActs:
             fis.delete_experiment_template(id=tid)
         except Exception as exc:  # noqa: BLE001 - a leftover template costs nothing
             log.info("could not delete FIS template %s: %s", tid, error_code(exc))
+        used_s = float(aws_fis.fis_notice_s(notice_s))
+        note = "" if used_s == notice_s else \
+            f"FIS gives {aws_fis.NOTICE_MIN_S:g}-{aws_fis.NOTICE_MAX_S:g} s of notice"
+        return [Interruption(instance_id=i, reclaim_in_s=used_s, at_most=True, note=note)
+                for i in ids]
 
     def _raw_instances(self, ids: list[str]) -> dict[str, tuple[dict[str, Any], str]]:
         """{id: (EC2 instance, owner account)} of the managed, not terminated ones among ids."""

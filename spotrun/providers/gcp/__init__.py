@@ -70,5 +70,10 @@ FACTS = ProviderFacts(
     # no rate of missed notices. 0.95: the soft-off reaches a running guest unless it is
     # hung (an estimate; the job's own reclaims correct it, costmodel/notice.py).
     notice_window_s=lambda st: PREEMPTION_WINDOW_S, notice_prior=0.95,
+    # A preemption closes its pool to launches for its 30 s window plus the 600 s in which
+    # reclaims cluster in a pool on AWS (aws/__init__.py): no GCP trace was found, so the
+    # cluster's length is AWS's, an estimate. Not the 30 s alone: a shorter notice says
+    # nothing about a shorter capacity squeeze.
+    notice_quarantine_s=PREEMPTION_WINDOW_S + 600.0,
     job_dir=lambda st: JOB_DIR, catalog="gcp", price_region=lambda st: st.gcp.region,
     instance_metadata=_instance_metadata)

@@ -20,7 +20,8 @@ import logging
 from typing import Any
 
 from spotrun.errors import BadInputError, ProviderError
-from spotrun.providers.base import TAG_NODE, InstanceInfo, LaunchPlan
+from spotrun.providers.base import TAG_NODE, InstanceInfo, Interruption, LaunchPlan
+from spotrun.providers.gcp import PREEMPTION_WINDOW_S
 from spotrun.providers.gcp.launch import build_group_calls, zone_of
 from spotrun.providers.gcp.ops import error_code, gce_error, op_error, wait_op
 from spotrun.states import Market
@@ -91,12 +92,13 @@ class GroupActs:
 
     # ------------------------------------------------------------ interrupt
 
-    def interrupt(self, instance_ids: list[str], notice_s: float = 30.0) -> None:
+    def interrupt(self, instance_ids: list[str], notice_s: float = 30.0) -> list[Interruption]:
         """Preempt these Spot VMs through simulateMaintenanceEvent. GCP's window is its own
-        (30 s from soft-off to hard-off): notice_s cannot change it."""
+        (30 s from soft-off to hard-off): notice_s cannot change it, and a preemption GCP has
+        already begun keeps its own hard-off, so the reclaim comes in 30 s or sooner."""
         ids = list(dict.fromkeys(instance_ids))
         if not ids:
-            return
+            return []
         live = {i.instance_id: i for i in self.describe(instance_ids=ids)
                 if not i.state.is_terminal()}
         for iid in ids:
@@ -106,8 +108,6 @@ class GroupActs:
             if live[iid].market is not Market.SPOT:
                 raise BadInputError("only Spot VMs can be preempted; it is on-demand",
                                     field="instance_id", value=iid)
-        if abs(notice_s - 30.0) > 1e-9:
-            log.info("gcp preempts with its own 30 s window; notice_s=%g is not used", notice_s)
         for iid in ids:
             zone = zone_of(iid)
             try:
@@ -121,3 +121,7 @@ class GroupActs:
             if err is not None:
                 raise ProviderError(f"simulateMaintenanceEvent on {iid} failed: "
                                     f"{err[0]}: {err[1]}"[:400], field="gcp", value=err[0])
+        window_s = PREEMPTION_WINDOW_S
+        note = "" if abs(notice_s - window_s) <= 1e-9 else f"GCP's window is always {window_s:g} s"
+        return [Interruption(instance_id=i, reclaim_in_s=window_s, at_most=True, note=note)
+                for i in ids]

@@ -65,8 +65,11 @@ FACTS = ProviderFacts(
     agent_extras=_agent_extras, clock_name="market", billing_rules=lambda: LOCAL_RULES,
     market_truth=_truth,
     # The market posts a notice `local.notice_s` before every reclaim, except one asked for
-    # with `spotrun interrupt --no-notice` or one that comes sooner after launch than that.
+    # with `spotrun interrupt --notice-s 0` or one that comes sooner after launch than that.
     notice_window_s=lambda st: float(st.local.notice_s), notice_prior=0.99,
+    # The market replays AWS traces with AWS's 2-minute notice: AWS's quarantine, in market
+    # seconds (aws/__init__.py).
+    notice_quarantine_s=720.0,
     # Every local instance shares this machine's disk: one folder per job and node, outside
     # the instances' own folders, so an attempt finds the path the last one used.
     job_dir=lambda st: str(st.home_path / "market" / "jobs" / "{job_id}" / "node-{node_rank}"),

@@ -20,7 +20,7 @@ from spotrun.providers.local.market.clock import (CLOCK_FILE, MarketClock, Syste
                                                  read_clock_file, to_dt)
 from spotrun.providers.local.market.options import MarketOptions
 from spotrun.providers.base import (TAG_ATTEMPT, TAG_JOB, TAG_MANAGED, TAG_NODE, InstanceInfo,
-                                    LaunchPlan, LaunchRequest, Pool, PricePoint)
+                                    Interruption, LaunchPlan, LaunchRequest, Pool, PricePoint)
 from spotrun.states import InstanceState, Market, TerminationCause
 
 T = TypeVar("T")
@@ -234,11 +234,21 @@ class LocalProvider:
                 return [by_token[t] for t in want]
         return None
 
-    def interrupt(self, instance_ids: list[str], notice_s: float = 120.0) -> None:
+    def interrupt(self, instance_ids: list[str], notice_s: float = 120.0) -> list[Interruption]:
         """The market's /admin/interrupt for each: notice now, the reclaim notice_s market
-        seconds later."""
+        seconds later (0: reclaimed at once, without a notice); a reclaim the market already
+        has is never moved later, and one with a posted notice keeps its time."""
+        in_s = max(float(notice_s), 0.0)
+        out = []
         for iid in instance_ids:
-            self._call(lambda c: c.interrupt(iid, in_s=max(float(notice_s), 0.0), notice=True))
+            got = self._call(lambda c: c.interrupt(iid, in_s=in_s, notice=in_s > 0))
+            # A market process older than this client does not say: the ask is what it did.
+            in_market_s = got.get("reclaim_in_s")
+            out.append(Interruption(instance_id=iid, reclaim_in_s=in_s if in_market_s is None
+                                    else float(in_market_s),
+                                    reclaim_at=_dt(got.get("reclaim_at")),
+                                    already_noticed=bool(got.get("already_noticed"))))
+        return out
 
     def describe(self, *, job_id: str | None = None,
                  instance_ids: list[str] | None = None) -> list[InstanceInfo]:

@@ -10,6 +10,17 @@ const hours = (v) => v == null ? "-" : v.toFixed(3);
 const dur = (s) => { if (s == null) return "-"; const neg = s < 0; s = Math.abs(s);
   const h = Math.floor(s / 3600), m = Math.floor(s % 3600 / 60); return (neg ? "-" : "") + h + "h" + String(m).padStart(2, "0"); };
 const ts = (iso) => iso ? Date.parse(iso) / 1000 : null;
+const secs = (v) => v == null ? "?" : (Math.abs(v) < 100 ? v.toFixed(1) + "s"
+  : Math.floor(v / 60) + "m" + String(Math.round(v % 60)).padStart(2, "0") + "s");
+// Lost steps: "-" while it runs or if it never ran, "?" when no report gave its last step.
+const lostSteps = (t) => t.lost_steps != null ? String(t.lost_steps)
+  : (t.started_at_market && t.ended_at_market ? "?" : "-");
+const PARTS = [["detection_s", "detection"], ["waiting_s", "waiting"], ["launch_s", "launch"],
+  ["boot_s", "boot"], ["restore_s", "restore"], ["first_step_s", "first step"]];
+// Time to resume after the reclaim before this attempt: the total, then every part.
+const resumeCell = (t) => !t.time_to_resume ? "-" : `<span class="resume" title="${esc(PARTS.map(([k, l]) =>
+  l + " " + secs(t.time_to_resume[k])).join(", "))}">${secs(t.time_to_resume.total_s)}</span>
+  <span class="dim">(${PARTS.map(([k]) => secs(t.time_to_resume[k])).join(" + ")})</span>`;
 const terminal = (st) => ["succeeded", "failed", "cancelled", "budget_exhausted"].includes(st);
 
 async function getJSON(url) {
@@ -87,7 +98,7 @@ function timeline(st) {
     svg += `<rect class="attempt ${esc(a.market)}" data-attempt="${a.number}" data-pool="${esc(pool)}"
       data-market="${esc(a.market)}" x="${x(s)}" y="${i * lane + 4}" width="${Math.max(x(e) - x(s), 2)}"
       height="${lane - 8}"><title>attempt ${a.number}: ${esc(pool)}, ${esc(a.end_reason || a.state)},
-      resumed from ${a.resumed_from}, ran to ${a.ran_to ?? "?"}</title></rect>`;
+      resumed from ${a.resumed_from}, ran to ${a.ran_to ?? "?"}, lost steps ${lostSteps(a)}</title></rect>`;
     svg += `<text x="${x(s) + 3}" y="${i * lane + 17}" style="fill:#fff">${a.number}</text>`;
     if (a.notice_at_market) {
       const n = x(ts(a.notice_at_market)), y = i * lane + 2;
@@ -159,7 +170,9 @@ async function jobPage(id) {
   setClock(page.clock);
   const attRows = st.attempts.map((t) => `<tr data-attempt="${t.number}"><td>${t.number}</td>
     <td class="l">${esc(t.instance_type)} ${esc(t.zone)} ${esc(t.market)}</td><td>${t.price_usd_per_hour.toFixed(3)}</td>
-    <td class="l">resumed from ${t.resumed_from}, ran to ${t.ran_to ?? "?"}</td><td class="l">${esc(t.end_reason || t.state)}</td></tr>`).join("");
+    <td class="l">resumed from ${t.resumed_from}, ran to ${t.ran_to ?? "?"}</td><td class="l">${esc(t.end_reason || t.state)}</td>
+    <td class="lost">${lostSteps(t)}</td><td class="l ttr">${resumeCell(t)}</td>
+    <td class="l notice">${esc(t.notice_outcome || "-")}</td></tr>`).join("");
   const evRows = (st.events || []).slice(-60).reverse().map((e) =>
     `<tr><td class="l mono">${esc((e.ts_wall || "").slice(11, 19))}</td><td class="l">${esc(e.kind)}</td><td class="l">${esc(marketTimes(e.detail, page.clock))}</td></tr>`).join("");
   const app = document.getElementById("app");
@@ -175,7 +188,10 @@ async function jobPage(id) {
     <span class="card">deadline headroom<b>${st.deadline_headroom_s_market == null ? "-" : dur(st.deadline_headroom_s_market)}</b></span>
     <span class="card">budget headroom<b>${st.budget_headroom_usd == null ? "-" : "$" + usd(st.budget_headroom_usd)}</b></span></div>
     <h2>attempts by pool (${esc(page.clock.provider_clock)} time)</h2>${timeline(st)}
-    <table id="attempts"><thead><tr><th>#</th><th class="l">pool</th><th>$/h</th><th class="l">steps</th><th class="l">end</th></tr></thead><tbody>${attRows}</tbody></table>
+    <table id="attempts"><thead><tr><th>#</th><th class="l">pool</th><th>$/h</th><th class="l">steps</th><th class="l">end</th>
+    <th>lost steps</th><th class="l">to resume</th><th class="l">notice</th></tr></thead><tbody>${attRows}</tbody></table>
+    <p class="dim" id="resume-legend">to resume: from the reclaim before the attempt to its first new step, ${esc(page.clock.provider_clock)}-clock seconds
+    (${PARTS.map(([, l]) => l).join(" + ")}; ? = not known). Lost steps: finished steps the next attempt computed again (? = no report named the last step).</p>
     <h2>cumulative spend against the on-demand baseline</h2><div id="spend"></div>
     <h2>where the money went</h2>${causes(a)}
     <h2>events (wall clock)</h2><table id="events"><tbody>${evRows}</tbody></table>

@@ -182,9 +182,12 @@ class MarketClient:
         return self.request("GET", "/status")
 
     def interrupt(self, instance_id: str, in_s: float, notice: bool = True) -> dict[str, Any]:
-        """Force a reclaim in_s market seconds from now (tests, demos)."""
-        return self.request("POST", "/admin/interrupt", {"instance_id": instance_id,
-                                                         "in_s": in_s, "notice": notice})["instance"]
+        """Force a reclaim in_s market seconds from now, or sooner (a pending one is never
+        moved later): the instance's view, plus `already_noticed` and `reclaim_in_s`."""
+        got = self.request("POST", "/admin/interrupt", {"instance_id": instance_id,
+                                                        "in_s": in_s, "notice": notice})
+        return {**got["instance"], "already_noticed": bool(got.get("already_noticed")),
+                "reclaim_in_s": got.get("reclaim_in_s")}
 
     def stop(self) -> None:
         """Ask the market to terminate its instances and exit."""

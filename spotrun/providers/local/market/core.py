@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import threading
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +41,15 @@ _DEFINING = ("trace", "prices", "pools", "instance_type", "time_scale", "start_t
 # What an instance's agent reports to a paced market (PUT latest/spotrun/phase): the job
 # trains, so its start-up is over.
 PHASES = ("training",)
+
+
+@dataclass(frozen=True)
+class Interrupted:
+    """What an interrupt did: the instance after it, and when its reclaim comes."""
+
+    record: InstanceRecord
+    already_noticed: bool     # a notice was posted before: the reclaim stays or comes sooner
+    reclaim_in_s: float       # market seconds from the interrupt to the reclaim
 
 
 class LaunchRefused(Exception):
@@ -229,8 +239,10 @@ class Market:
         self._wake.set()
         return rec
 
-    def interrupt(self, instance_id: str, in_s: float, notice: bool = True) -> InstanceRecord:
-        """Force a reclaim of a spot instance in_s market seconds from now."""
+    def interrupt(self, instance_id: str, in_s: float, notice: bool = True) -> Interrupted:
+        """Force a reclaim of a spot instance in_s market seconds from now, or sooner: a
+        pending reclaim (the trace's, an earlier interrupt's) is never moved later, and a
+        notice already posted stays posted (its job was told that reclaim time)."""
         if in_s < 0:
             raise BadInputError("must be >= 0", field="in_s", value=in_s)
         with self._lock:
@@ -242,14 +254,24 @@ class Market:
                 raise BadInputError("only spot instances are reclaimed", field="instance_id",
                                     value=instance_id)
             now = self.now_s()
+            noticed = (rec.notice_at is not None and rec.reclaim_at is not None
+                       and now >= rec.notice_at)
             reclaim = now + in_s
-            notice_at = max(now, reclaim - self.options.notice_s) if notice else None
+            kept = rec.reclaim_at is not None and rec.reclaim_at <= reclaim
+            reclaim = min(reclaim, rec.reclaim_at if rec.reclaim_at is not None else reclaim)
+            asked = max(now, reclaim - self.options.notice_s) if notice else None
+            if noticed:
+                notice_at = rec.notice_at
+            elif kept and rec.notice_at is not None:   # the pending reclaim's own notice
+                notice_at = rec.notice_at if asked is None else min(rec.notice_at, asked)
+            else:
+                notice_at = asked
             rec = rec.with_(reclaim_at=reclaim, notice_at=notice_at)
             self.state.save(rec)
-            if in_s == 0:
+            if reclaim <= now:
                 self.step()
         self._wake.set()
-        return self.state.get(instance_id) or rec
+        return Interrupted(self.state.get(instance_id) or rec, noticed, max(reclaim - now, 0.0))
 
     # ---- the watcher ------------------------------------------------------------------
     def step(self) -> float:

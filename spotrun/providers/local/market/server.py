@@ -241,10 +241,11 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _interrupt(self, parts: list[str], q: dict[str, str]) -> Any:
         body = self._body()
-        rec = self.server.market.interrupt(str(body.get("instance_id", "")),
+        got = self.server.market.interrupt(str(body.get("instance_id", "")),
                                            _num(body, "in_s", 0.0),
                                            bool(body.get("notice", True)))
-        return {"instance": record_json(rec)}
+        return {"instance": record_json(got.record), "already_noticed": got.already_noticed,
+                "reclaim_in_s": got.reclaim_in_s}
 
     def _set_faults(self, parts: list[str], q: dict[str, str]) -> Any:
         return {"faults": self.server.faults.set(self._body())}
