@@ -33,7 +33,7 @@ from torch import nn
 
 from spotrun.checkpoints import checkpoint_name, verify
 from spotrun.store.file import FileStore
-from spotrun.torch import Checkpointer
+from spotrun.torch import Checkpointer, RuntimeOptions
 from spotrun.torch.storage import READERS
 
 
@@ -204,8 +204,8 @@ def bench_dcp(w: Workload, base_s: float, args: argparse.Namespace, scratch: Pat
 def bench_spotrun(w: Workload, base_s: float, args: argparse.Namespace, store_dir: Path
                   ) -> tuple[dict, Checkpointer]:
     """spotrun's Checkpointer: snapshot into the reused buffer, persist in the background."""
-    ck = Checkpointer(model=w.model, optimizer=w.opt, store=FileStore(store_dir), env={},
-                      interval_s=1e9, keep=2)
+    ck = Checkpointer(model=w.model, optimizer=w.opt, store=FileStore(store_dir),
+                      runtime=RuntimeOptions(env={}), interval_s=1e9, keep=2)
     t = time.perf_counter()
     ck.step(0)                               # sizes the buffer in the background
     while ck.buffer._warming is not None and ck.buffer._warming.is_alive():
@@ -249,8 +249,8 @@ def bench_emergency(w: Workload, ck: Checkpointer, step: int, store_dir: Path) -
 
 def bench_emergency_in_eval(w: Workload, step: int, store_dir: Path, max_s: float) -> dict:
     """A notice during a long evaluation (no step() call): the watchdog saves the last finished step."""
-    ck = Checkpointer(model=w.model, optimizer=w.opt, store=FileStore(store_dir), env={},
-                      interval_s=1e9, keep=2)
+    ck = Checkpointer(model=w.model, optimizer=w.opt, store=FileStore(store_dir),
+                      runtime=RuntimeOptions(env={}), interval_s=1e9, keep=2)
     try:
         w.step()
         ck.step(step)                          # sizes the buffer in the background
@@ -281,8 +281,8 @@ def bench_restore(args: argparse.Namespace, store_dir: Path, state_bytes: int, w
     w2 = Workload(args, seed=1)
     w2.step()                                # optimizer state exists, as in a real resume
     _drop_cache(store_dir)
-    ck = Checkpointer(model=w2.model, optimizer=w2.opt, store=FileStore(store_dir), env={},
-                      install_signal=False)
+    ck = Checkpointer(model=w2.model, optimizer=w2.opt, store=FileStore(store_dir),
+                      runtime=RuntimeOptions(env={}, install_signal=False))
     t = time.perf_counter()
     step = ck.restore()
     dt = time.perf_counter() - t

@@ -38,15 +38,15 @@ from gcp.gcs_emulator import start_emulator  # noqa: E402  (tests/gcp/gcs_emulat
 from spotrun.checkpoints import checkpoint_name, verify  # noqa: E402
 from spotrun.store.file import FileStore  # noqa: E402
 from spotrun.store.gcs import GcsStore  # noqa: E402
-from spotrun.torch import Checkpointer  # noqa: E402
+from spotrun.torch import Checkpointer, RuntimeOptions  # noqa: E402
 
 WINDOW_S = 30.0   # GCP: soft-off to hard-off of a preempted Spot VM
 
 
 def emergency(w: Workload, store: Any, step: int) -> dict:
     """A periodic save in flight, then the notice: seconds to the manifest and to verified."""
-    ck = Checkpointer(model=w.model, optimizer=w.opt, store=store, env={}, interval_s=1e9,
-                      keep=2)
+    ck = Checkpointer(model=w.model, optimizer=w.opt, store=store, interval_s=1e9, keep=2,
+                      runtime=RuntimeOptions(env={}))
     ck.step(0)                               # sizes the buffer in the background
     while ck.buffer._warming is not None and ck.buffer._warming.is_alive():
         w.step()

@@ -28,7 +28,7 @@ def main() -> None:
     from torch import nn
 
     from spotrun.store.file import FileStore
-    from spotrun.torch import Checkpointer
+    from spotrun.torch import Checkpointer, RuntimeOptions
 
     torch.manual_seed(0)
     torch.set_num_threads(1)
@@ -40,10 +40,11 @@ def main() -> None:
     x, y = torch.randn(4, 8, 4, 4), torch.randint(10, (4,))
     results = {}
     with tempfile.TemporaryDirectory() as d:
+        quiet = RuntimeOptions(env={}, install_signal=False)
         cks = {"candidate": Checkpointer(model=model, optimizer=opt, store=FileStore(f"{d}/a"),
-                                         env={}, install_signal=False, interval_s=1e9),
+                                         runtime=quiet, interval_s=1e9),
                "peer": Checkpointer(model=model, optimizer=opt, store=FileStore(f"{d}/b"),
-                                    env={}, install_signal=False, interval_s=1e9)}
+                                    runtime=quiet, interval_s=1e9)}
         cks["peer"].watch = None
         times: dict[str, list[float]] = {k: [] for k in cks}
         for n in range(1, args.steps + 1):

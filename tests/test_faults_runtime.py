@@ -264,12 +264,13 @@ TORCH_JOB = r'''
 import time
 import torch
 from spotrun.errors import CheckpointError
-from spotrun.torch import Checkpointer
+from spotrun.torch import Checkpointer, SaveOptions
 
 torch.manual_seed(0)
 model = torch.nn.Linear(8, 2)
 opt = torch.optim.SGD(model.parameters(), lr=0.1)
-ck = Checkpointer(model=model, optimizer=opt, every_steps=10, retries=1, retry_backoff_s=0.05)
+ck = Checkpointer(model=model, optimizer=opt, every_steps=10,
+                  save=SaveOptions(retries=1, retry_backoff_s=0.05))
 start = ck.restore()
 for step in range(start, ck.total_steps):
     loss = model(torch.randn(4, 8)).pow(2).mean()

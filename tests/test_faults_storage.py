@@ -18,7 +18,7 @@ from spotrun.config import load_settings  # noqa: E402
 from spotrun.daemon.context import DaemonContext  # noqa: E402
 from spotrun.db import open_db  # noqa: E402
 from spotrun.store.file import FileStore  # noqa: E402
-from spotrun.torch import Checkpointer  # noqa: E402
+from spotrun.torch import Checkpointer, RuntimeOptions, SaveOptions  # noqa: E402
 
 
 def _model(seed: int) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
@@ -29,8 +29,8 @@ def _model(seed: int) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
 
 def _ckpt(store: FileStore, seed: int, **kw) -> Checkpointer:
     model, opt = _model(seed)
-    return Checkpointer(model=model, optimizer=opt, store=store, env={}, install_signal=False,
-                        keep=10, **kw)
+    return Checkpointer(model=model, optimizer=opt, store=store, keep=10,
+                        runtime=RuntimeOptions(env={}, install_signal=False), **kw)
 
 
 def _flip_one_byte(path: Path) -> None:
@@ -42,7 +42,7 @@ def _flip_one_byte(path: Path) -> None:
 def test_resume_point_of_the_daemon_is_where_the_job_really_resumes(tmp_path: Path):
     ckpt_dir = tmp_path / "ckpt"
     store = FileStore(ckpt_dir)
-    ck = _ckpt(store, seed=0, shard_bytes=256)
+    ck = _ckpt(store, seed=0, save=SaveOptions(shard_bytes=256))
     for step in (5, 10):
         assert ck.save(step, wait=True)
     ck.close()
@@ -68,7 +68,7 @@ def test_resume_point_of_the_daemon_is_where_the_job_really_resumes(tmp_path: Pa
 
 def test_layout_rules_are_shared_a_shard_missing_from_the_manifest_is_refused(tmp_path: Path):
     store = FileStore(tmp_path / "ckpt")
-    ck = _ckpt(store, seed=0, shard_bytes=256)
+    ck = _ckpt(store, seed=0, save=SaveOptions(shard_bytes=256))
     assert ck.save(5, wait=True) and ck.save(10, wait=True)
     ck.close()
     # Rewrite step 10's manifest without its last shard: sizes and hashes of what is listed

@@ -24,7 +24,9 @@ from polling import wait_for  # noqa: E402
 from spotrun.agent.child import signal_group, spawn, write_notice_file  # noqa: E402
 from spotrun.checkpoints import list_complete  # noqa: E402
 from spotrun.store.file import FileStore  # noqa: E402
-from spotrun.torch import Checkpointer  # noqa: E402
+from spotrun.torch import Checkpointer, RuntimeOptions  # noqa: E402
+
+QUIET = RuntimeOptions(env={}, install_signal=False)   # no agent, SIGUSR1 left alone
 
 ROOT = Path(__file__).resolve().parents[1]
 JOB = ROOT / "tests" / "torch_jobs" / "plain_val_loop.py"
@@ -84,8 +86,8 @@ def _bn_model(seed: int):
 
 def test_a_train_mode_forward_after_the_step_still_saves_that_step_exactly(tmp_path):
     model, opt = _bn_model(0)
-    ck = Checkpointer(model=model, optimizer=opt, store=FileStore(tmp_path / "store"), env={},
-                      install_signal=False, interval_s=1e9)
+    ck = Checkpointer(model=model, optimizer=opt, store=FileStore(tmp_path / "store"),
+                      runtime=QUIET, interval_s=1e9)
     try:
         for step in range(1, 4):
             loss = model(torch.randn(4, 8)).pow(2).mean()
@@ -106,8 +108,8 @@ def test_a_train_mode_forward_after_the_step_still_saves_that_step_exactly(tmp_p
     finally:
         ck.close()
     model2, opt2 = _bn_model(5)
-    ck2 = Checkpointer(model=model2, optimizer=opt2, store=FileStore(tmp_path / "store"), env={},
-                       install_signal=False, interval_s=1e9)
+    ck2 = Checkpointer(model=model2, optimizer=opt2, store=FileStore(tmp_path / "store"),
+                       runtime=QUIET, interval_s=1e9)
     assert ck2.restore() == 3
     ck2.close()
     # Step 3's state, buffers included: not the statistics the later forward left.

@@ -114,12 +114,13 @@ def test_checkpointer_checkpoint_exports_to_a_plain_state_dict(tmp_path: Path):
     import sys
     from spotrun.checkpoints import latest_verified
     from spotrun.integrations.export import export
-    from spotrun.torch import Checkpointer
+    from spotrun.torch import Checkpointer, RuntimeOptions
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Tanh(), torch.nn.Linear(3, 2))
     opt = torch.optim.Adam(model.parameters())
     store = FileStore(tmp_path / "ckpt")
-    ckpt = Checkpointer(model=model, optimizer=opt, store=store, install_signal=False)
+    ckpt = Checkpointer(model=model, optimizer=opt, store=store,
+                        runtime=RuntimeOptions(install_signal=False))
     for step in range(3):
         opt.zero_grad()
         model(torch.randn(5, 4)).sum().backward()

@@ -19,7 +19,10 @@ from polling import wait_for  # noqa: E402
 from spotrun.checkpoints import apply_retention, list_complete, list_names, verify  # noqa: E402
 from spotrun.errors import CheckpointError, ConfigError  # noqa: E402
 from spotrun.store.file import FileStore  # noqa: E402
-from spotrun.torch import Checkpointer, StatefulSampler, young_daly_s  # noqa: E402
+from spotrun.torch import (Checkpointer, NoticeOptions, RuntimeOptions, SaveOptions,  # noqa: E402
+                           StatefulSampler, young_daly_s)
+
+QUIET = RuntimeOptions(env={}, install_signal=False)   # no agent, SIGUSR1 left alone
 
 
 def _objs(seed: int = 0):
@@ -41,8 +44,7 @@ def _train(model, opt, sched, n: int) -> None:
 
 
 def _ckpt(tmp_path: Path, model, opt, sched, **kw) -> Checkpointer:
-    kw.setdefault("env", {})
-    kw.setdefault("install_signal", False)
+    kw.setdefault("runtime", QUIET)
     return Checkpointer(model=model, optimizer=opt, scheduler=sched, store=FileStore(tmp_path),
                         **kw)
 
@@ -75,7 +77,8 @@ def test_round_trip_restores_everything_and_continues_identically(tmp_path):
     _train(model, opt, sched, 5)
     it = iter(sampler)
     drawn = [next(it) for _ in range(4)]
-    ck = _ckpt(tmp_path, model, opt, sched, scaler=scaler, extras=extras, async_save=True)
+    ck = _ckpt(tmp_path, model, opt, sched, scaler=scaler, extras=extras,
+               save=SaveOptions(async_save=True))
     assert ck.save(5)
     ck.wait()
     assert ck.last_checkpoint_step == 5
@@ -150,7 +153,8 @@ def test_fresh_start_returns_zero_and_named_resume_wins(tmp_path):
     assert _ckpt(tmp_path, m, o, s).restore() == 0
     copies = _saved_at(tmp_path, [2, 4, 6])
     m, o, s = _objs(seed=5)
-    ck = _ckpt(tmp_path, m, o, s, env={"SPOTRUN_RESUME_CHECKPOINT": "ckpt-000000000004"})
+    ck = _ckpt(tmp_path, m, o, s, runtime=RuntimeOptions(
+        env={"SPOTRUN_RESUME_CHECKPOINT": "ckpt-000000000004"}, install_signal=False))
     assert ck.restore() == 4 and _same(m, copies[4])
 
 
@@ -183,9 +187,10 @@ def test_sigusr1_makes_the_next_step_save_and_report(tmp_path):
     model, opt, sched = _objs()
     progress = tmp_path / "progress.json"
     ck = Checkpointer(model=model, optimizer=opt, scheduler=sched, store=FileStore(tmp_path / "s"),
-                      env={"SPOTRUN_PROGRESS_FILE": str(progress), "SPOTRUN_TOTAL_STEPS": "10",
-                           "SPOTRUN_CHECKPOINT_INTERVAL_S": "100000"},
-                      notice_grace_s=600.0)   # the boundary, not the watchdog, saves here
+                      runtime=RuntimeOptions(env={"SPOTRUN_PROGRESS_FILE": str(progress),
+                                                  "SPOTRUN_TOTAL_STEPS": "10",
+                                                  "SPOTRUN_CHECKPOINT_INTERVAL_S": "100000"}),
+                      notice=NoticeOptions(grace_s=600.0))   # the boundary, not the watchdog, saves
     try:
         assert signal.getsignal(signal.SIGUSR1) == ck.guard._on_signal
         _train(model, opt, sched, 1)
@@ -209,7 +214,8 @@ def test_persist_failure_is_retried_then_surfaces_on_next_step(tmp_path, caplog)
     model, opt, sched = _objs()
     # A plain file where the checkpoint folder must go: every write fails in the OS.
     (tmp_path / "ckpt-000000000001").write_text("in the way")
-    ck = _ckpt(tmp_path, model, opt, sched, every_steps=1, retries=2, retry_backoff_s=0.001)
+    ck = _ckpt(tmp_path, model, opt, sched, every_steps=1,
+               save=SaveOptions(retries=2, retry_backoff_s=0.001))
     _train(model, opt, sched, 1)
     with caplog.at_level(logging.WARNING):
         assert ck.step(1) is True           # snapshot taken, persist in the background
@@ -233,8 +239,8 @@ class _FlakyStore(FileStore):
 
 def test_transient_persist_failure_is_retried(tmp_path):
     model, opt, sched = _objs()
-    ck = Checkpointer(model=model, optimizer=opt, store=_FlakyStore(tmp_path), env={},
-                      install_signal=False, retry_backoff_s=0.001)
+    ck = Checkpointer(model=model, optimizer=opt, store=_FlakyStore(tmp_path), runtime=QUIET,
+                      save=SaveOptions(retry_backoff_s=0.001))
     assert ck.save(1)
     ck.wait()
     assert ck.last_checkpoint_step == 1
@@ -259,8 +265,8 @@ class _GatedStore(FileStore):
 def test_emergency_save_abandons_a_slow_in_flight_persist(tmp_path):
     model, opt, sched = _objs()
     store = _GatedStore(tmp_path)
-    ck = Checkpointer(model=model, optimizer=opt, store=store, env={}, install_signal=False,
-                      shard_bytes=256)
+    ck = Checkpointer(model=model, optimizer=opt, store=store, runtime=QUIET,
+                      save=SaveOptions(shard_bytes=256))
     assert ck.save(1)
     assert store.writing.wait(30) and ck.persister.busy
     _train(model, opt, sched, 1)
@@ -276,18 +282,21 @@ def test_emergency_save_abandons_a_slow_in_flight_persist(tmp_path):
 def test_bad_settings_are_config_errors(tmp_path):
     model, opt, _ = _objs()
     with pytest.raises(ConfigError, match="SPOTRUN_CHECKPOINT_URI"):   # under spotrun, no URI
-        Checkpointer(model=model, optimizer=opt, env={"SPOTRUN_JOB_ID": "j-1"}, install_signal=False)
+        Checkpointer(model=model, optimizer=opt,
+                     runtime=RuntimeOptions(env={"SPOTRUN_JOB_ID": "j-1"}, install_signal=False))
     with pytest.raises(ConfigError, match="SPOTRUN_CHECKPOINT_INTERVAL_S"):
-        Checkpointer(model=model, store=FileStore(tmp_path), install_signal=False,
-                     env={"SPOTRUN_CHECKPOINT_INTERVAL_S": "soon"})
+        Checkpointer(model=model, store=FileStore(tmp_path), runtime=RuntimeOptions(
+            env={"SPOTRUN_CHECKPOINT_INTERVAL_S": "soon"}, install_signal=False))
 
 
 def test_auto_interval_follows_young_daly(tmp_path):
     assert young_daly_s(2.0, 3600.0) == pytest.approx((2 * 2.0 * 3600.0) ** 0.5)
     assert young_daly_s(1e-6, 10.0) == 30.0
     model, opt, _ = _objs()
-    ck = Checkpointer(model=model, optimizer=opt, store=FileStore(tmp_path), install_signal=False,
-                      env={"SPOTRUN_CHECKPOINT_INTERVAL_S": "auto"}, mtbf_s=7200.0)
+    ck = Checkpointer(model=model, optimizer=opt, store=FileStore(tmp_path),
+                      runtime=RuntimeOptions(env={"SPOTRUN_CHECKPOINT_INTERVAL_S": "auto"},
+                                             install_signal=False),
+                      save=SaveOptions(mtbf_s=7200.0))
     ck.save(1, wait=True)
     assert ck.interval_s == young_daly_s(ck.checkpoint_save_s, 7200.0)
 

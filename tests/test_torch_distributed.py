@@ -20,7 +20,7 @@ def _worker(out: Path) -> None:
     import torch.distributed as tdist
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from spotrun.torch import Checkpointer
+    from spotrun.torch import Checkpointer, RuntimeOptions, SaveOptions
 
     from datetime import timedelta
     tdist.init_process_group("gloo", timeout=timedelta(seconds=60))
@@ -30,8 +30,9 @@ def _worker(out: Path) -> None:
         torch.manual_seed(0)
         model = DDP(torch.nn.Linear(4, 2))
         opt = torch.optim.AdamW(model.parameters(), lr=0.1)
-        kw = dict(uri=(out / mode).as_uri(), every_steps=2, sharded=mode == "sharded",
-                  install_signal=False, env={}, keep=5)
+        kw = dict(uri=(out / mode).as_uri(), every_steps=2, keep=5,
+                  save=SaveOptions(sharded=mode == "sharded"),
+                  runtime=RuntimeOptions(env={}, install_signal=False))
         ck = Checkpointer(model=model, optimizer=opt, extras={"rank_seen": rank}, **kw)
         assert ck.restore() == 0
         torch.manual_seed(100 + rank)          # every rank has its own RNG stream

@@ -26,7 +26,8 @@ from torch.utils.data import (DataLoader, Dataset, DistributedSampler,  # noqa: 
 
 from spotrun.errors import ConfigError  # noqa: E402
 from spotrun.store.file import FileStore  # noqa: E402
-from spotrun.torch import Checkpointer, ResumableDataLoader, StatefulSampler  # noqa: E402
+from spotrun.torch import (Checkpointer, ResumableDataLoader, RuntimeOptions,  # noqa: E402
+                           StatefulSampler)
 from spotrun.torch.loader import InexactResumeWarning, warn_inexact  # noqa: E402
 from spotrun.torch.rng import get_rng_state, set_rng_state  # noqa: E402
 
@@ -175,8 +176,8 @@ def _train(root: Path, total_steps: int, stop_at: int | None = None) -> dict:
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     loader = ResumableDataLoader(Augmented(40), batch_size=4, shuffle=True, num_workers=2)
     ckpt = Checkpointer(model=model, optimizer=opt, extras={"train_loader": loader},
-                        store=FileStore(root), env={}, install_signal=False, interval_s=1e9,
-                        every_steps=stop_at)
+                        store=FileStore(root), interval_s=1e9, every_steps=stop_at,
+                        runtime=RuntimeOptions(env={}, install_signal=False))
     step = ckpt.restore()
     accum = 2
     while step < total_steps:

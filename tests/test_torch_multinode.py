@@ -83,7 +83,7 @@ from datetime import timedelta
 import torch, torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 from spotrun.store.file import FileStore
-from spotrun.torch import Checkpointer
+from spotrun.torch import Checkpointer, RuntimeOptions
 
 class SlowStore(FileStore):
     """The writer's store takes its time: a persist is still in flight at the next save."""
@@ -97,7 +97,7 @@ torch.manual_seed(0)
 model = DDP(torch.nn.Linear(4, 2))
 opt = torch.optim.SGD(model.parameters(), lr=0.1)
 ck = Checkpointer(model=model, optimizer=opt, store=SlowStore(sys.argv[1]), every_steps=1,
-                  install_signal=False, env={})
+                  runtime=RuntimeOptions(env={}, install_signal=False))
 ck.restore()
 for step in range(6):
     model(torch.randn(3, 4)).sum().backward()

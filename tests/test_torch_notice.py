@@ -19,12 +19,13 @@ from spotrun.agent.child import (child_env, notice_deadline_unix_s, notice_path,
 from spotrun.agent.config import AgentConfig  # noqa: E402
 from spotrun.checkpoints import list_complete  # noqa: E402
 from spotrun.store.file import FileStore  # noqa: E402
-from spotrun.torch import Checkpointer  # noqa: E402
+from spotrun.torch import Checkpointer, NoticeOptions, RuntimeOptions, SaveOptions  # noqa: E402
 from spotrun.torch.notice import NoticeGuard  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 JOB = ROOT / "tests" / "torch_jobs" / "carried_state.py"
 FINAL = "final-params-sha256: "
+QUIET = RuntimeOptions(env={}, install_signal=False)   # no agent, SIGUSR1 left alone
 
 
 def _objs(seed: int = 0, bn: bool = False):
@@ -44,8 +45,7 @@ def _train(model, opt, n: int = 1) -> None:
 
 
 def _ck(tmp_path: Path, model, opt, **kw) -> Checkpointer:
-    kw.setdefault("env", {})
-    kw.setdefault("install_signal", False)
+    kw.setdefault("runtime", QUIET)
     kw.setdefault("interval_s", 1e9)
     return Checkpointer(model=model, optimizer=opt, store=FileStore(tmp_path / "store"), **kw)
 
@@ -74,7 +74,7 @@ def test_finish_saves_extras_changed_after_the_last_save(tmp_path):
 def test_outside_spotrun_checkpoints_go_to_a_local_folder(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     model, opt = _objs()
-    ck = Checkpointer(model=model, optimizer=opt, env={}, install_signal=False)
+    ck = Checkpointer(model=model, optimizer=opt, runtime=QUIET)
     _train(model, opt)
     ck.finish(1)
     ck.close()
@@ -86,7 +86,7 @@ def test_outside_spotrun_checkpoints_go_to_a_local_folder(tmp_path, monkeypatch)
 
 def test_watchdog_saves_the_last_finished_step_during_a_long_evaluation(tmp_path):
     model, opt = _objs(bn=True)
-    ck = _ck(tmp_path, model, opt, notice_grace_s=0.0)
+    ck = _ck(tmp_path, model, opt, notice=NoticeOptions(grace_s=0.0))
     try:
         _train(model, opt, 3)
         ck.step(3)
@@ -126,8 +126,9 @@ class _GatedStore(FileStore):
 def test_watchdog_waits_for_an_in_flight_persist_of_the_same_step(tmp_path):
     model, opt = _objs()
     store = _GatedStore(tmp_path / "store")
-    ck = Checkpointer(model=model, optimizer=opt, store=store, env={}, install_signal=False,
-                      interval_s=1e9, every_steps=3, notice_grace_s=0.0, shard_bytes=256)
+    ck = Checkpointer(model=model, optimizer=opt, store=store, runtime=QUIET, interval_s=1e9,
+                      every_steps=3, notice=NoticeOptions(grace_s=0.0),
+                      save=SaveOptions(shard_bytes=256))
     try:
         _train(model, opt, 3)
         assert ck.step(3) is True                 # periodic save of step 3, persisting
@@ -145,7 +146,7 @@ def test_watchdog_waits_for_an_in_flight_persist_of_the_same_step(tmp_path):
 
 def test_a_notice_mid_step_waits_for_the_step_boundary(tmp_path):
     model, opt = _objs(bn=True)
-    ck = _ck(tmp_path, model, opt, notice_grace_s=0.0)
+    ck = _ck(tmp_path, model, opt, notice=NoticeOptions(grace_s=0.0))
     try:
         _train(model, opt, 1)
         ck.step(1)
@@ -161,7 +162,7 @@ def test_a_notice_mid_step_waits_for_the_step_boundary(tmp_path):
 
 def test_poll_saves_at_a_point_the_loop_marks_safe(tmp_path):
     model, opt = _objs()
-    ck = _ck(tmp_path, model, opt, background_notice=False)
+    ck = _ck(tmp_path, model, opt, notice=NoticeOptions(background=False))
     try:
         _train(model, opt, 2)
         ck.step(2)
@@ -186,7 +187,7 @@ def test_processes_the_loop_starts_are_not_killed_by_the_notice(tmp_path):
     # A spawn/forkserver DataLoader worker or a subprocess: exec resets a handled signal to
     # its default action (the end of the process); the library leaves it blocked instead.
     model, opt = _objs()
-    ck = _ck(tmp_path, model, opt, install_signal=True)
+    ck = _ck(tmp_path, model, opt, runtime=RuntimeOptions(env={}))
     child = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"],
                              stdin=subprocess.PIPE)
     try:
@@ -240,9 +241,10 @@ def test_last_moment_save_bounds_the_steps_lost_to_one_save(tmp_path, last_momen
     model, opt = _objs()
     step_s, window_s, margin_s = 1.0, 120.0, 1.0
     store = _SlowStore(tmp_path / "store", clock, shard_s=5.0)
-    ck = Checkpointer(model=model, optimizer=opt, store=store, env={}, install_signal=False,
-                      interval_s=1e9, clock=clock, wall=clock.wall, background_notice=False,
-                      notice_margin_s=margin_s)
+    ck = Checkpointer(model=model, optimizer=opt, store=store, interval_s=1e9,
+                      runtime=RuntimeOptions(env={}, install_signal=False, clock=clock,
+                                             wall=clock.wall),
+                      notice=NoticeOptions(background=False, margin_s=margin_s))
     step = 0
     deadline = None
     while deadline is None or clock.t < deadline:   # the reclaim at `deadline` ends the process
@@ -390,11 +392,12 @@ def test_the_job_is_told_the_notice_file_and_a_stale_one_is_removed(tmp_path):
 
 AGENT_JOB = r'''
 import torch
-from spotrun.torch import Checkpointer
+from spotrun.torch import Checkpointer, RuntimeOptions
 torch.manual_seed(0)
 model = torch.nn.Linear(8, 8)
 opt = torch.optim.SGD(model.parameters(), lr=0.01)
-ckpt = Checkpointer(model=model, optimizer=opt, interval_s=1e9, progress_interval_s=0.05)
+ckpt = Checkpointer(model=model, optimizer=opt, interval_s=1e9,
+                    runtime=RuntimeOptions(progress_interval_s=0.05))
 step = ckpt.restore()
 while True:                      # runs until the agent stops it
     loss = model(torch.randn(4, 8)).pow(2).mean()

@@ -23,7 +23,7 @@ from polling import wait_for  # noqa: E402
 from spotrun.agent.child import signal_group, spawn, write_notice_file  # noqa: E402
 from spotrun.checkpoints import list_complete  # noqa: E402
 from spotrun.store.file import FileStore  # noqa: E402
-from spotrun.torch import Checkpointer  # noqa: E402
+from spotrun.torch import Checkpointer, NoticeOptions, RuntimeOptions  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 LM = ROOT / "tests" / "torch_jobs" / "word_lm_manual.py"
@@ -51,19 +51,21 @@ def _manual_step(model: torch.nn.Module, lr: float = 0.1, *, update: bool = True
             p.data.add_(p.grad, alpha=-lr)
 
 
-def _ck(tmp_path: Path, model, opt=None, **kw) -> Checkpointer:
-    kw.setdefault("env", {})
-    kw.setdefault("install_signal", False)
+def _ck(tmp_path: Path, model, opt=None, *, env: dict | None = None, background: bool = True,
+        progress_interval_s: float = 1.0, **kw) -> Checkpointer:
     kw.setdefault("interval_s", 1e9)
-    kw.setdefault("notice_grace_s", 0.0)
-    kw.setdefault("progress_file", str(tmp_path / "progress.json"))
-    return Checkpointer(model=model, optimizer=opt, store=FileStore(tmp_path / "store"), **kw)
+    runtime = RuntimeOptions(env={} if env is None else env, install_signal=False,
+                             progress_file=str(tmp_path / "progress.json"),
+                             progress_interval_s=progress_interval_s)
+    return Checkpointer(model=model, optimizer=opt, store=FileStore(tmp_path / "store"),
+                        runtime=runtime, notice=NoticeOptions(grace_s=0.0, background=background),
+                        **kw)
 
 
 def _restored(tmp_path: Path, seed: int = 7) -> tuple[int, dict]:
     model = _mlp(seed)
-    ck = Checkpointer(model=model, store=FileStore(tmp_path / "store"), env={},
-                      install_signal=False)
+    ck = Checkpointer(model=model, store=FileStore(tmp_path / "store"),
+                      runtime=RuntimeOptions(env={}, install_signal=False))
     step = ck.restore()
     ck.close()
     return step, model.state_dict()
@@ -194,7 +196,7 @@ def test_a_second_optimizer_and_module_in_extras_start_the_step(tmp_path):
 def test_with_watchdog_saves_off_the_outcome_says_so_then_names_the_save(tmp_path):
     model = _mlp()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    ck = _ck(tmp_path, model, opt, background_notice=False)
+    ck = _ck(tmp_path, model, opt, background=False)
     try:
         opt.zero_grad()
         model(torch.randn(4, 8)).pow(2).mean().backward()
@@ -334,9 +336,9 @@ def test_a_save_from_the_watchdog_takes_the_job_files_as_of_its_step(tmp_path):
     fresh = tmp_path / "fresh"
     fresh.mkdir()
     model2 = _mlp(3)
-    ck2 = Checkpointer(model=model2, store=FileStore(tmp_path / "store"), install_signal=False,
-                       env={"SPOTRUN_JOB_DIR": str(fresh),
-                            "SPOTRUN_PERSIST": json.dumps(["log.csv", "best.pt"])})
+    ck2 = Checkpointer(model=model2, store=FileStore(tmp_path / "store"), runtime=RuntimeOptions(
+        env={"SPOTRUN_JOB_DIR": str(fresh), "SPOTRUN_PERSIST": json.dumps(["log.csv", "best.pt"])},
+        install_signal=False))
     assert ck2.restore() == 3
     ck2.close()
     assert (fresh / "log.csv").read_bytes() == at_step == b"train,1\ntrain,2\ntrain,3\n"

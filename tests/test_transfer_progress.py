@@ -15,7 +15,7 @@ from aws.moto_fixtures import MotoServer, moto, moto_server  # noqa: F401  (fixt
 from spotrun.aws_clients import RetryPolicy, make_client
 from spotrun.store.progress import ByteTally, TransferProgress, network_progress
 from spotrun.store.s3 import S3Store
-from spotrun.torch import Checkpointer
+from spotrun.torch import Checkpointer, RuntimeOptions, SaveOptions
 from spotrun.torch.storage import read_checkpoint
 
 BUCKET = "spotrun-progress"
@@ -44,8 +44,9 @@ def test_restore_from_s3_reports_every_shard_byte(s3: S3Store):
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.Linear(128, 8))
     opt = torch.optim.Adam(model.parameters())
-    ckpt = Checkpointer(model=model, optimizer=opt, store=s3, env={}, install_signal=False,
-                        shard_bytes=8 * 1024)
+    ckpt = Checkpointer(model=model, optimizer=opt, store=s3,
+                        runtime=RuntimeOptions(env={}, install_signal=False),
+                        save=SaveOptions(shard_bytes=8 * 1024))
     ckpt.save(5, wait=True)
     ckpt.close()
     name = s3.list()[0].key.split("/")[0]
@@ -58,7 +59,8 @@ def test_restore_from_s3_reports_every_shard_byte(s3: S3Store):
     assert [d for d, _ in seen] == sorted(d for d, _ in seen)   # the whole only grows
     with network_progress(s3, "restoring") as progress:
         assert isinstance(progress, TransferProgress)
-    again = Checkpointer(model=model, optimizer=opt, store=s3, env={}, install_signal=False)
+    again = Checkpointer(model=model, optimizer=opt, store=s3,
+                         runtime=RuntimeOptions(env={}, install_signal=False))
     assert again.restore() == 5      # the restore itself goes through network_progress
     again.close()
 

@@ -64,15 +64,15 @@ def test_under_spotrun_is_the_agents_ids(env: dict[str, str], under: bool) -> No
 
 def test_one_id_without_a_location_names_the_variables_seen(tmp_path: Path) -> None:
     torch = pytest.importorskip("torch")
-    from spotrun.torch import Checkpointer
+    from spotrun.torch import Checkpointer, RuntimeOptions
     env = {"SPOTRUN_JOB_ID": "j-1", "SPOTRUN_HOME": "/h"}
+    runtime = RuntimeOptions(env=env, install_signal=False)
     with pytest.raises(ConfigError) as err:
-        Checkpointer(model=torch.nn.Linear(2, 1), env=env, install_signal=False)
+        Checkpointer(model=torch.nn.Linear(2, 1), runtime=runtime)
     assert err.value.field == "SPOTRUN_CHECKPOINT_URI"
     text = str(err.value)
     assert "SPOTRUN_JOB_ID" in text and "SPOTRUN_ATTEMPT" in text and "SPOTRUN_HOME" in text
     assert "/h" not in text          # names, never values
     # A location passed in code is all the Checkpointer needs.
-    ck = Checkpointer(model=torch.nn.Linear(2, 1), env=env, install_signal=False,
-                      uri=(tmp_path / "c").as_uri())
+    ck = Checkpointer(model=torch.nn.Linear(2, 1), runtime=runtime, uri=(tmp_path / "c").as_uri())
     ck.close()

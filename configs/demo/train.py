@@ -25,7 +25,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from spotrun.torch import Checkpointer, StatefulSampler
+from spotrun.torch import Checkpointer, RuntimeOptions, SaveOptions, StatefulSampler
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -124,7 +124,8 @@ def main(argv: list[str] | None = None) -> int:
            or (Path.cwd() / "checkpoints").as_uri())
     ckpt = Checkpointer(model=model, optimizer=opt, scheduler=sched, extras={"sampler": sampler},
                         uri=uri, total_steps=args.steps, every_steps=args.checkpoint_every_steps,
-                        progress_interval_s=args.progress_interval_s, async_save=not args.sync_save)
+                        save=SaveOptions(async_save=not args.sync_save),
+                        runtime=RuntimeOptions(progress_interval_s=args.progress_interval_s))
     start = ckpt.restore()
     print(f"start step {start}/{args.steps} (checkpoints: {uri})", flush=True)
 

@@ -4,6 +4,9 @@
     start = ckpt.restore()
     for step in range(start, total): train_one(step); ckpt.step(step + 1)
 
+The less common settings come in option objects (`spotrun.torch.options`):
+`Checkpointer(..., save=SaveOptions(async_save=False))`.
+
 `step(n)` takes the number of steps completed. A save snapshots the whole state
 into one reused host buffer (the only time training waits) and persists it in a
 background thread.
@@ -20,28 +23,31 @@ before the termination time. Loops can mark safe points themselves with
 
 from __future__ import annotations
 
+import inspect
 import logging
 import math
 import os
 import threading
-import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable, Iterator, MutableMapping
+from typing import Any, Callable, Iterator, Mapping, MutableMapping
 
 import torch
 
 from spotrun import jobfiles
 from spotrun.checkpoints import list_complete, list_names
-from spotrun.errors import ChecksumMismatch, ConfigError, ObjectNotFound, StoreError
+from spotrun.errors import ChecksumMismatch, ObjectNotFound, StoreError
 from spotrun.store import open_store
 from spotrun.store.base import ObjectStore
 from spotrun.store.progress import network_progress
 from spotrun.torch import envconf
 from spotrun.torch.dist import DistContext, _unwrap
 from spotrun.torch.flatten import Slot, decode
+from spotrun.torch.interval import first_interval_s, young_daly_s
 from spotrun.torch.loader import warn_inexact
 from spotrun.torch.notice import EMERGENCY, LAST, NoticeGuard, StateChanged
+from spotrun.torch.options import (NoticeOptions, RuntimeOptions, SaveOptions, check_groups,
+                                   reject_moved)
 from spotrun.torch.persist import Outcome, Persister, failure
 from spotrun.torch.progress import ProgressFile
 from spotrun.torch.rng import get_rng_state
@@ -52,25 +58,11 @@ from spotrun.torch.watch import StateWatch, step_pre_hook
 
 log = logging.getLogger(__name__)
 
-DEFAULT_MTBF_S = 6 * 3600.0      # spot reclaim interval assumed by interval="auto"
-AUTO_FIRST_S = 60.0              # first save under "auto", to measure the save cost
-AUTO_BOUNDS_S = (30.0, 3600.0)
 FINISH_IF_REMAINING = 0.25       # emergency: finish an in-flight persist this close to done
 LOCAL_DIR = "spotrun-checkpoints"   # outside spotrun, under the working directory
 
 
-def young_daly_s(save_cost_s: float, mtbf_s: float) -> float:
-    """The cost model's Young/Daly interval (one formula), clamped to the library's bounds.
-
-    Used when the job runs outside spotrun, or re-tunes itself from its measured save cost;
-    under spotrun the agent passes the decision's interval (SPOTRUN_CHECKPOINT_INTERVAL_S).
-    """
-    from spotrun.costmodel.model import recommended_interval_s
-    return recommended_interval_s(max(save_cost_s, 1e-3), mtbf_s / 3600.0,
-                                  min_s=AUTO_BOUNDS_S[0], max_s=AUTO_BOUNDS_S[1])
-
-
-def _open(uri: str | None, cfg: envconf.EnvSettings, env: MutableMapping[str, str]) -> ObjectStore:
+def _open(uri: str | None, cfg: envconf.EnvSettings, env: Mapping[str, str]) -> ObjectStore:
     if not uri:
         if cfg.under_spotrun:
             raise envconf.missing_location(env)
@@ -88,50 +80,42 @@ class Checkpointer(StateMixin):
                  uri: str | None = None, interval_s: float | str | None = None,
                  keep: int | None = None, *, store: ObjectStore | None = None,
                  every_steps: int | None = None, total_steps: int | None = None,
-                 progress_file: str | None = None, resume: str | None = None,
-                 async_save: bool = True, mtbf_s: float = DEFAULT_MTBF_S,
-                 progress_interval_s: float = 1.0, retries: int = 3, retry_backoff_s: float = 0.5,
-                 shard_bytes: int | None = None, sharded: bool = False,
-                 overlap_snapshot: bool = True,
-                 install_signal: bool = True, clock: Callable[[], float] = time.monotonic,
-                 env: MutableMapping[str, str] | None = None,
-                 notice_file: str | None = None, background_notice: bool = True,
-                 notice_grace_s: float | None = None, notice_margin_s: float | None = None,
-                 wall: Callable[[], float] = time.time) -> None:
-        cfg = envconf.from_env(env)
-        self.dist = DistContext.current(sharded=sharded)
-        self.store = store if store is not None else _open(uri or cfg.uri, cfg,
-                                                           os.environ if env is None else env)
+                 resume: str | None = None, save: SaveOptions = SaveOptions(),
+                 notice: NoticeOptions = NoticeOptions(),
+                 runtime: RuntimeOptions = RuntimeOptions(), **moved: Any) -> None:
+        if moved:   # a keyword that moved into an option object: an error naming its place
+            reject_moved(moved, tuple(inspect.signature(Checkpointer).parameters)[:-1])
+        check_groups(save=save, notice=notice, runtime=runtime)
+        self._env = os.environ if runtime.env is None else runtime.env
+        cfg = envconf.from_env(self._env)
+        clock = runtime.clock
+        self.dist = DistContext.current(sharded=save.sharded)
+        self.store = store if store is not None else _open(uri or cfg.uri, cfg, self._env)
         self.model, self.optimizer, self.scheduler, self.scaler = model, optimizer, scheduler, scaler
         self.extras: MutableMapping[str, Any] = extras if extras is not None else {}
-        raw_interval = interval_s if interval_s is not None else cfg.interval_s
-        self.auto_interval = raw_interval == "auto"
-        if isinstance(raw_interval, str) and not self.auto_interval:
-            raise ConfigError("interval must be seconds or 'auto'", field="interval_s",
-                              value=raw_interval)
-        self.interval_s: float | None = (AUTO_FIRST_S if self.auto_interval else
-                                         (envconf.DEFAULT_INTERVAL_S if raw_interval is None
-                                          and every_steps is None else raw_interval))  # type: ignore[assignment]
+        self.interval_s, self.auto_interval = first_interval_s(interval_s, cfg.interval_s,
+                                                               every_steps)
         self.every_steps = every_steps
         self.keep = keep or cfg.keep or envconf.DEFAULT_KEEP
         self.total_steps = total_steps or cfg.total_steps
         self.resume_name = resume or cfg.resume
-        self.mtbf_s = mtbf_s
-        self.async_save = async_save
+        self.mtbf_s = save.mtbf_s
+        self.async_save = save.async_save
         self.clock = clock
         # One progress file per node (the agent's heartbeat): written by its first local rank.
-        self.progress = ProgressFile((progress_file or cfg.progress_file)
+        self.progress = ProgressFile((runtime.progress_file or cfg.progress_file)
                                      if self.dist.is_writer or self.dist.node_writer else None)
-        self.progress_interval_s = progress_interval_s
+        self.progress_interval_s = runtime.progress_interval_s
         self.buffer = SnapshotBuffer()
-        self.shard_bytes = shard_bytes
-        self.persister = Persister(self.store, keep=self.keep, retries=retries,
-                                   backoff_s=retry_backoff_s, shard_bytes=shard_bytes, clock=clock)
+        self.shard_bytes = save.shard_bytes
+        self.persister = Persister(self.store, keep=self.keep, retries=save.retries,
+                                   backoff_s=save.retry_backoff_s, shard_bytes=save.shard_bytes,
+                                   clock=clock)
         self.persister.on_failure = lambda _out: self.write_progress()   # failed saves show now
         if self.dist.is_writer and not self.dist.sharded:
             # The job's persisted files (spec `persist:`) go with the writer's checkpoints.
-            self.persister.files = jobfiles.default() if env is None else jobfiles.JobFiles(env=env)
-        self._env = os.environ if env is None else env
+            self.persister.files = jobfiles.default() if runtime.env is None else \
+                jobfiles.JobFiles(env=runtime.env)
         # Reported through the progress file (the agent's heartbeat).
         self.current_step = 0
         self.last_checkpoint_step: int | None = None
@@ -159,12 +143,13 @@ class Checkpointer(StateMixin):
         is_optimizer = isinstance(optimizer, torch.optim.Optimizer)
         hook = step_pre_hook(optimizer, self._before_optimizer_step) if is_optimizer else None
         # The overlapped copy waits in that hook before the optimizer changes what it copies.
-        self.overlap_snapshot = overlap_snapshot and hook is not None
-        self.guard = NoticeGuard(self._urgent_save, notice_file=notice_file or cfg.notice_file,
-                                 env={}, background=background_notice and self._record_safe,
-                                 grace_s=notice_grace_s, margin_s=notice_margin_s,
-                                 install_signal=install_signal, clock=clock, wall=wall)
-        self.guard.why_off = "background_notice=False" if self._record_safe else \
+        self.overlap_snapshot = save.overlap_snapshot and hook is not None
+        self.guard = NoticeGuard(self._urgent_save, notice_file=notice.file or cfg.notice_file,
+                                 env={}, background=notice.background and self._record_safe,
+                                 grace_s=notice.grace_s, margin_s=notice.margin_s,
+                                 install_signal=runtime.install_signal, clock=clock,
+                                 wall=runtime.wall)
+        self.guard.why_off = "NoticeOptions(background=False)" if self._record_safe else \
             "under torchrun a save is a collective every rank joins"
         self._hooks = [hook] if hook is not None else []
         if isinstance(model, torch.nn.Module) and any(True for _ in model.buffers()):
@@ -347,6 +332,8 @@ class Checkpointer(StateMixin):
         """Load the requested (or newest verified) checkpoint; returns the step to continue from."""
         warn_inexact(self.extras)   # what cannot resume exactly is said at run time, once
         if self.dist.sharded:
+            # Start-up cost: torch.distributed.checkpoint takes seconds to import; only
+            # sharded jobs load it.
             from spotrun.torch.sharded import restore_sharded
             return self._restored(restore_sharded(self))
         partial = set(list_names(self.store)) - set(list_complete(self.store))
@@ -367,12 +354,10 @@ class Checkpointer(StateMixin):
             self.load_tree(tree)
             self._restore_files(name)
             step = int(manifest.step)
-            self.dist.after_restore(self, name)
             log.info("restored checkpoint %s (step %d)", name, step)
             return self._restored(step)
         if partial:
             log.warning("no complete checkpoint; skipped partial %s", ", ".join(sorted(partial)))
-        self.dist.after_restore(self, None)
         self._remember(0)
         self.guard.safe_step = 0
         return 0
@@ -475,6 +460,13 @@ class Checkpointer(StateMixin):
             self.write_progress()
         return saved
 
+    def _capture(self, step: int, deferrable: set[int] | None = None) -> Snapshot | None:
+        """Snapshot the state: a collective under torchrun; the writer rank alone gets it."""
+        tree = self.state_tree(step)   # every rank: gathers the ranks' RNG and extras
+        if not self.dist.is_writer:
+            return None
+        return self.buffer.capture(step, tree, deferrable)
+
     def save(self, step: int, *, wait: bool = False) -> bool:
         """Snapshot now and persist (in the background unless async is off); False if deferred."""
         with self._io:
@@ -491,14 +483,14 @@ class Checkpointer(StateMixin):
             self._collect()
         t0 = self.clock()
         if self.dist.sharded:
-            from spotrun.torch.sharded import save_sharded
+            from spotrun.torch.sharded import save_sharded   # start-up cost, as in restore()
             if save_sharded(self, step) is not None:
                 self.last_checkpoint_step = step
             self._saved_step, self._last_save_t = step, self.clock()
             self.checkpoint_save_s = self._last_save_t - t0
             self.saves += 1
             return True
-        snap = self.dist.capture(self, step, self._deferrable())
+        snap = self._capture(step, self._deferrable())
         self._saved_step = step
         self._last_save_t = self.clock()
         if snap is None:            # not the writer rank
@@ -546,7 +538,7 @@ class Checkpointer(StateMixin):
                 if need:
                     self.save(step, wait=True)
             else:
-                snap = self.dist.capture(self, step)   # a collective under torchrun
+                snap = self._capture(step)   # a collective under torchrun
                 same = snap is None or (self._saved_step == step and self.last_checkpoint_step == step
                                         and matches_saved(self.store, snap, self.shard_bytes or SHARD_BYTES))
                 (need,) = self.dist.any_flags(not same)

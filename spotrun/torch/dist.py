@@ -12,15 +12,10 @@ from __future__ import annotations
 import logging
 import os
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 import torch.distributed as tdist
-
-from spotrun.torch.snapshot import Snapshot
-
-if TYPE_CHECKING:
-    from spotrun.torch.checkpointer import Checkpointer
 
 log = logging.getLogger(__name__)
 _PER_RANK = ("rng", "extras")
@@ -111,20 +106,9 @@ class DistContext:
         tree.update(mine)
         return tree
 
-    def capture(self, ckpt: "Checkpointer", step: int,
-                deferrable: set[int] | None = None) -> Snapshot | None:
-        """Snapshot the state (rank 0 only; others take part in the gather and get None)."""
-        tree = ckpt.state_tree(step)
-        if not self.is_writer:
-            return None
-        return ckpt.buffer.capture(step, tree, deferrable)
-
     def manifest_extra(self) -> dict[str, Any]:
         """Recorded in the manifest."""
         return {"world_size": self.world_size, "sharded": self.sharded}
-
-    def after_restore(self, ckpt: "Checkpointer", name: str | None) -> None:
-        """Hook after restore (all ranks read the same checkpoint)."""
 
     def barrier(self) -> None:
         """Wait for every rank (no-op outside torchrun)."""

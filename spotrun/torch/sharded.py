@@ -13,7 +13,7 @@ import hashlib
 import logging
 import pickle
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, MutableMapping, Protocol
 
 import torch.distributed as tdist
 import torch.distributed.checkpoint as dcp
@@ -21,17 +21,28 @@ from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_di
 
 from spotrun.checkpoints import MANIFEST, Manifest, apply_retention, checkpoint_name, latest_verified, write_manifest
 from spotrun.errors import CheckpointError, ConfigError
+from spotrun.store.base import ObjectStore
 from spotrun.store.file import FileStore
 from spotrun.torch.rng import get_rng_state, set_rng_state
-
-if TYPE_CHECKING:
-    from spotrun.torch.checkpointer import Checkpointer
 
 log = logging.getLogger(__name__)
 KIND = "spotrun.torch.dcp/1"
 
 
-def _root(ckpt: "Checkpointer") -> Path:
+class ShardedState(Protocol):
+    """What a sharded save or restore reads from its owner (the Checkpointer)."""
+
+    model: Any
+    optimizer: Any
+    scheduler: Any
+    scaler: Any
+    extras: MutableMapping[str, Any]
+    store: ObjectStore
+    keep: int
+    resume_name: str | None
+
+
+def _root(ckpt: ShardedState) -> Path:
     if not isinstance(ckpt.store, FileStore):
         raise ConfigError("sharded checkpoints need a file:// store on a shared filesystem",
                           field="SPOTRUN_CHECKPOINT_URI", value=ckpt.store.uri)
@@ -42,7 +53,7 @@ def _rank() -> int:
     return tdist.get_rank() if tdist.is_initialized() else 0
 
 
-def _state(ckpt: "Checkpointer") -> dict[str, Any]:
+def _state(ckpt: ShardedState) -> dict[str, Any]:
     optims = [ckpt.optimizer] if ckpt.optimizer is not None else []
     msd, osd = get_state_dict(ckpt.model, optims)
     small: dict[str, Any] = {"rng": get_rng_state(), "extras": {}}
@@ -59,7 +70,7 @@ def _state(ckpt: "Checkpointer") -> dict[str, Any]:
     return state
 
 
-def save_sharded(ckpt: "Checkpointer", step: int) -> Manifest | None:
+def save_sharded(ckpt: ShardedState, step: int) -> Manifest | None:
     """Collective: every rank writes its shard; rank 0 returns the published manifest."""
     root = _root(ckpt)
     name = checkpoint_name(step)
@@ -81,7 +92,7 @@ def save_sharded(ckpt: "Checkpointer", step: int) -> Manifest | None:
     return manifest
 
 
-def restore_sharded(ckpt: "Checkpointer") -> int:
+def restore_sharded(ckpt: ShardedState) -> int:
     """Collective: rank 0 picks the newest verified checkpoint, every rank loads its shard."""
     root = _root(ckpt)
     chosen: list[Any] = [None]

@@ -58,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     from torch import nn
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from spotrun.torch import Checkpointer
+    from spotrun.torch import Checkpointer, SaveOptions
 
     torch.use_deterministic_algorithms(True)
     torch.set_num_threads(1)
@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     model = DDP(nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 1)))
     opt = torch.optim.AdamW(model.parameters(), lr=0.02)
     ckpt = Checkpointer(model=model, optimizer=opt, every_steps=args.every,
-                        sharded=args.sharded)
+                        save=SaveOptions(sharded=args.sharded))
     step = ckpt.restore()
     print(f"rank {rank}/{world} node {os.environ.get('SPOTRUN_NODE_RANK', '?')} "
           f"start step {step}", flush=True)
