@@ -288,8 +288,8 @@ class ProviderFacts:
     # guest's shutdown signal is one, the instance id). None: the IMDSv2 protocol at the
     # config's imds_endpoint (EC2, and the local market that imitates it).
     instance_metadata: Callable[..., Any] | None = None
-    # What its provider serves beyond the protocol: the same set as the provider's `features`
-    # (readable without making one: `spotrun plan --offline`, doctor).
+    # What its provider serves beyond the protocol: the same set as the provider's `features`,
+    # readable from settings alone, without making a provider.
     features: frozenset[ProviderFeature] = frozenset()
 
 
