@@ -22,10 +22,11 @@ from gcp.gce_fixtures import gce, gcp_settings  # noqa: F401
 from polling import wait_for
 
 from spotrun.aws_clients import make_client
+from spotrun.decide.market import peek_snapshot
 from spotrun.errors import CapacityError
-from spotrun.providers import InstanceInfo, LaunchRequest, Pool, Provider
+from spotrun.providers import FACTS, InstanceInfo, LaunchRequest, Pool, Provider
 from spotrun.providers.aws.provider import AwsProvider
-from spotrun.providers.base import TAG_NODE, Interruption
+from spotrun.providers.base import TAG_NODE, Interruption, ProviderFeature
 from spotrun.providers.gcp.launch import zone_of
 from spotrun.providers.gcp.provider import GcpProvider
 from spotrun.providers.local.provider import LocalProvider
@@ -199,6 +200,44 @@ def test_prices(harness: Harness) -> None:
     assert datetime(2000, 1, 1, tzinfo=timezone.utc) < hist[0].ts
 
 
+# ---------------------------------------------------------------- declared features
+
+# What each provider declares beyond the protocol (spotrun.providers.base.ProviderFeature).
+DECLARED = {"local": {ProviderFeature.MARKET_VIEW, ProviderFeature.DECISION_GRID,
+                      ProviderFeature.RESTING_MARKET},
+            "aws": set(), "gcp": set()}
+
+
+def test_declares_its_features_as_its_facts_do(harness: Harness) -> None:
+    p = harness.provider
+    assert p.features == DECLARED[p.name] == FACTS[p.name].features
+    # Each feature is the method of its name: there exactly where declared, never probed.
+    for feature in ProviderFeature:
+        assert hasattr(type(p), feature.value) == (feature in p.features), feature
+    assert isinstance(p.snapshot_source, str) and p.snapshot_source   # how plan labels it
+
+
+def test_declared_features_serve_the_market_decide_reads(harness: Harness) -> None:
+    p, ok, full = harness.provider, harness.spot_ok, harness.spot_full
+    if ProviderFeature.MARKET_VIEW in p.features:
+        rows = {(r.instance_type, r.zone): r for r in p.market_view([ok.instance_type])}
+        assert rows[(ok.instance_type, ok.zone)].available
+        assert not rows[(full.instance_type, full.zone)].available
+    if ProviderFeature.DECISION_GRID in p.features:
+        _origin_s, tick_s = p.decision_grid()
+        assert tick_s > 0
+    if ProviderFeature.RESTING_MARKET in p.features:
+        assert p.resting_market([ok.instance_type]) is None      # it runs: read it live
+    # decide builds its snapshot from what the provider serves, whatever it declares.
+    market = peek_snapshot(p, [ok.instance_type, full.instance_type])
+    assert market.source == p.snapshot_source and {ok.zone, full.zone} <= set(market.zones)
+    assert market.spot_price(ok.instance_type, ok.zone) == p.spot_price(ok.instance_type,
+                                                                         ok.zone)
+    # Availability is known only from a market view; otherwise every pool may be tried.
+    assert market.is_available(full.instance_type, full.zone) == (
+        ProviderFeature.MARKET_VIEW not in p.features)
+
+
 # ---------------------------------------------------------------- multi-node (issue 16)
 
 def _group(*pools: Pool, count: int = 2, token: str | None = None) -> LaunchRequest:
@@ -207,17 +246,11 @@ def _group(*pools: Pool, count: int = 2, token: str | None = None) -> LaunchRequ
 
 
 def _launch_group(h: Harness, req: LaunchRequest) -> list[InstanceInfo]:
-    try:
-        return h.provider.launch_group(h.provider.plan_launch(req))
-    except NotImplementedError:
-        pytest.skip(f"{h.provider.name}: launch_group not built yet")
+    return h.provider.launch_group(h.provider.plan_launch(req))
 
 
 def _interrupt(h: Harness, ids: list[str], notice_s: float) -> list[Interruption]:
-    try:
-        return h.provider.interrupt(ids, notice_s=notice_s)
-    except NotImplementedError:
-        pytest.skip(f"{h.provider.name}: interrupt not built yet")
+    return h.provider.interrupt(ids, notice_s=notice_s)
 
 
 def _live(h: Harness, job_id: str) -> list[InstanceInfo]:

@@ -73,6 +73,28 @@ def test_no_module_outside_providers_asks_which_provider_it_is() -> None:
     assert asks == []
 
 
+def test_no_provider_module_imports_decide() -> None:
+    # One direction: decide reads what a provider serves and declares; a provider never calls
+    # back into decide to build its own market.
+    back = [f"{path.relative_to(ROOT).as_posix()}: {name}"
+            for path in sorted(PROVIDERS_DIR.rglob("*.py")) for name in _imports(path)
+            if name == "spotrun.decide" or name.startswith("spotrun.decide.")]
+    assert back == []
+
+
+def test_no_module_probes_a_provider_for_a_feature() -> None:
+    # Features are declared (Provider.features); getattr/hasattr on a provider is a probe.
+    probes = []
+    for path in sorted(ROOT.rglob("*.py")):
+        rel = path.relative_to(ROOT).as_posix()
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+                    and node.func.id in ("getattr", "hasattr") and node.args
+                    and "provider" in ast.unparse(node.args[0]).lower()):
+                probes.append(f"{rel}:{node.lineno}")
+    assert probes == []
+
+
 def test_reading_the_facts_imports_no_cloud_sdk() -> None:
     # Every verb reads the facts; the SDK comes only with the provider itself.
     out = subprocess.run(

@@ -1,5 +1,5 @@
 """One contract for every object store: file:// on disk, s3:// on moto, gs:// on a GCS emulator
-(fake-gcs-server), both on 127.0.0.1."""
+(fake-gcs-server), both on 127.0.0.1; each store's declared features included."""
 
 from __future__ import annotations
 
@@ -16,9 +16,10 @@ from gcp.gcs_emulator import GcsEmulator, gcs_emulator  # noqa: F401  (fixture)
 from spotrun import checkpoints
 from spotrun.aws_clients import RetryPolicy, make_client
 from spotrun.errors import ChecksumMismatch, ConfigError, ObjectNotFound, StoreError
-from spotrun.store import ObjectStore, open_store
+from spotrun.store import ObjectStore, StoreFeature, open_store
 from spotrun.store.file import FileStore
 from spotrun.store.gcs import GcsStore
+from spotrun.store.progress import TransferProgress, network_progress
 from spotrun.store.s3 import MIN_PART_SIZE, S3Store
 
 BUCKET = "spotrun-test"
@@ -156,6 +157,72 @@ def test_checkpoint_manifest_last_and_verified(store):
 
 def test_open_store_by_uri(store):
     assert type(open_store(store.uri)) is type(store)
+
+
+# ---------------------------------------------------------------- declared features
+
+# What each store declares beyond the protocol (spotrun.store.base.StoreFeature).
+DECLARED = {FileStore: {StoreFeature.LOCAL_PATH, StoreFeature.BUFFER_WRITES},
+            S3Store: {StoreFeature.NETWORK}, GcsStore: {StoreFeature.NETWORK}}
+
+
+def test_declares_its_features_and_has_a_method_only_for_a_declared_one(store):
+    assert isinstance(store, ObjectStore)
+    assert store.features == DECLARED[type(store)]
+    assert store.sub("jobs/j1").features == store.features
+    # A feature named after a method (local_path): the method exists exactly where declared.
+    assert hasattr(store, "local_path") == (StoreFeature.LOCAL_PATH in store.features)
+
+
+def test_every_read_reports_its_bytes(store, tmp_path):
+    data = os.urandom(3 * 1024 * 1024 + 7)
+    store.put_bytes("r/obj", data)
+    for read in (lambda p: store.get_bytes("r/obj", progress=p),
+                 lambda p: store.get_file("r/obj", tmp_path / "out", progress=p)):
+        seen: list[tuple[int, int]] = []
+        got = read(lambda d, t: seen.append((d, t)))
+        assert (got if got is not None else (tmp_path / "out").read_bytes()) == data
+        assert seen and seen[-1] == (len(data), len(data))
+        assert [d for d, _ in seen] == sorted(d for d, _ in seen)
+
+
+def test_a_network_store_shows_its_long_transfers(store):
+    with network_progress(store, "restoring ckpt-1") as progress:
+        shown = isinstance(progress, TransferProgress)
+    assert shown == (StoreFeature.NETWORK in store.features)
+
+
+def test_local_path_is_the_object_and_buffer_writes_take_a_view(store):
+    data = bytearray(b"0123456789" * 100)
+    payload = memoryview(data)[10:90] if StoreFeature.BUFFER_WRITES in store.features \
+        else bytes(data[10:90])
+    store.put_bytes("f/part", payload)
+    assert store.get_bytes("f/part") == bytes(data[10:90])
+    if StoreFeature.LOCAL_PATH in store.features:
+        assert store.local_path("f/part").read_bytes() == bytes(data[10:90])
+        assert store.sub("f").local_path("part") == store.local_path("f/part")
+
+
+def test_no_module_asks_a_store_its_class_or_probes_it() -> None:
+    # Callers read a store's declared features; its class (or a getattr) is no contract.
+    import ast
+
+    import spotrun
+    root = Path(spotrun.__file__).resolve().parent
+    classes = {"FileStore", "S3Store", "GcsStore"}
+    asks = []
+    for path in sorted(root.rglob("*.py")):
+        rel = path.relative_to(root).as_posix()
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+                    and len(node.args) >= 2):
+                continue
+            first, second = (ast.unparse(a) for a in node.args[:2])
+            if node.func.id == "isinstance" and any(c in second for c in classes):
+                asks.append(f"{rel}:{node.lineno}")
+            if node.func.id in ("getattr", "hasattr") and "store" in first.lower():
+                asks.append(f"{rel}:{node.lineno}")
+    assert asks == []
 
 
 # ---------------------------------------------------------------- s3 only

@@ -1,5 +1,6 @@
 """Progress of long transfers: S3 reads report their bytes (moto on 127.0.0.1), a checkpoint
-restore from S3 adds its shards up, and the display shows only once a transfer is long."""
+restore from S3 or GCS (fake-gcs-server on 127.0.0.1) adds its shards up and shows them, and
+the display shows only once a transfer is long."""
 
 from __future__ import annotations
 
@@ -12,7 +13,12 @@ from rich.console import Console
 from structlog.testing import capture_logs
 
 from aws.moto_fixtures import MotoServer, moto, moto_server  # noqa: F401  (fixtures)
+from gcp.gcs_emulator import GcsEmulator, gcs_emulator  # noqa: F401  (fixture)
+import spotrun.store.progress as progress_mod
 from spotrun.aws_clients import RetryPolicy, make_client
+from spotrun.store.base import ObjectStore
+from spotrun.store.file import FileStore
+from spotrun.store.gcs import GcsStore
 from spotrun.store.progress import ByteTally, TransferProgress, network_progress
 from spotrun.store.s3 import S3Store
 from spotrun.torch import Checkpointer, RuntimeOptions, SaveOptions
@@ -63,6 +69,44 @@ def test_restore_from_s3_reports_every_shard_byte(s3: S3Store):
                          runtime=RuntimeOptions(env={}, install_signal=False))
     assert again.restore() == 5      # the restore itself goes through network_progress
     again.close()
+
+
+def _store(kind: str, request: pytest.FixtureRequest, tmp_path) -> ObjectStore:
+    if kind == "s3":
+        return request.getfixturevalue("s3")
+    if kind == "gs":
+        emu: GcsEmulator = request.getfixturevalue("gcs_emulator")
+        return GcsStore(emu.make_bucket(f"spotrun-progress-{tmp_path.name.lower()}"[:60]),
+                        "p", client=emu.client(), read_chunk=4 * 1024)
+    return FileStore(tmp_path / "store")
+
+
+@pytest.mark.parametrize("kind", ["s3", "gs", "file"])
+def test_a_restore_over_the_network_shows_its_progress(kind, request, tmp_path, monkeypatch):
+    # gs:// as s3:// (each declares NETWORK); file:// is a local copy and shows nothing.
+    store = _store(kind, request, tmp_path)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.Linear(128, 8))
+    opt = torch.optim.Adam(model.parameters())
+    ckpt = Checkpointer(model=model, optimizer=opt, store=store, env={}, install_signal=False,
+                        shard_bytes=8 * 1024)
+    ckpt.save(5, wait=True)
+    ckpt.close()
+    # Every restore is "long" here, and off a terminal: each progress call is a log line.
+    monkeypatch.setattr(progress_mod, "TransferProgress", lambda what: TransferProgress(
+        what, after_s=0.0, every_s=0.0, console=Console(file=io.StringIO())))
+    again = Checkpointer(model=model, optimizer=opt, store=store, env={}, install_signal=False)
+    with capture_logs() as logs:
+        assert again.restore() == 5
+    again.close()
+    lines = [(e["what"], e["bytes_done"], e["bytes_total"]) for e in logs
+             if e["event"] == "transfer_progress"]
+    if kind == "file":
+        assert lines == []
+        return
+    what, done, total = lines[-1]
+    assert what.startswith("restoring ckpt-") and done == total > 3 * 8 * 1024
+    assert len(lines) > 3                               # shard by shard, not one line
 
 
 class Clock:

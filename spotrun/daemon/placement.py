@@ -36,7 +36,7 @@ from spotrun.decide.deadline import (DEFAULT_TICK_S, market_rows, policy_places,
 from spotrun.decide.policy import (POLICIES, Decision, JobProgress, MarketHistory, Mode, Policy,
                                    make_policy)
 from spotrun.errors import ConfigError
-from spotrun.providers.base import Pool
+from spotrun.providers.base import Pool, ProviderFeature
 from spotrun.providers.facts import facts_for
 from spotrun.spec import JobSpec, job_spec
 from spotrun.states import AttemptState, EndReason, Market
@@ -162,10 +162,9 @@ class PolicyPlacer:
     def _grid_params(self) -> tuple[float, float]:
         if self._grid is None:
             origin, natural = 0.0, None
-            grid = getattr(self.ctx.provider, "decision_grid", None)
-            if grid is not None:
+            if ProviderFeature.DECISION_GRID in self.ctx.provider.features:
                 # A market replaying a trace: decide on its row boundaries.
-                origin, natural = grid()
+                origin, natural = self.ctx.provider.decision_grid()
             tick = self.ctx.settings.daemon.policy_tick_s or natural or DEFAULT_TICK_S
             self._grid = (origin, tick)
         return self._grid

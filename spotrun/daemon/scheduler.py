@@ -372,15 +372,6 @@ class SchedulerLoop:
         except ProviderError as exc:
             self.ctx.log.warning("launch_failed_retrying", job=job.id, error=str(exc))
             return
-        except NotImplementedError:
-            # A provider without group launches: say so on the job instead of retrying blind.
-            terminate_nodes(self.ctx, attempt, EndReason.LAUNCH_FAILED, "no group launch")
-            self._end_attempt(attempt, EndReason.LAUNCH_FAILED,
-                              f"the {self.ctx.provider.name} provider cannot launch "
-                              "multi-node jobs yet")
-            self._wait(job, now, f"the {self.ctx.provider.name} provider cannot launch "
-                       "multi-node jobs yet")
-            return
         self._no_capacity_until.pop(job.id, None)
         self.ctx.log.info("launched", job=job.id, attempt=attempt.number,
                           instances=[i.instance_id for i in infos],
@@ -514,8 +505,7 @@ def build_agent_config(settings: Settings, plan: AttemptPlan) -> AgentConfig:
 
 
 def _node_fields(spec: JobSpec) -> dict[str, Any]:
-    """AgentConfig's multi-node fields (MULTINODE.md), for agents that know them."""
-    known = getattr(AgentConfig, "__dataclass_fields__", {})
-    if not spec_is_multi(spec) or "nodes" not in known:
+    """AgentConfig's multi-node fields (MULTINODE.md); none for a one-node job."""
+    if not spec_is_multi(spec):
         return {}
     return {"nodes": spec.resources.nodes, "nodes_min": spec.resources.nodes_min}

@@ -18,7 +18,7 @@ from spotrun.costmodel.notice import notice_prior_of
 from spotrun.decide import (Placement, catalog_snapshot, decide, hours_left,
                             refusal)
 from spotrun.decide.deadline import DEFAULT_TICK_S, first_decision, policy_places
-from spotrun.decide.market import MarketSnapshot
+from spotrun.decide.market import MarketSnapshot, peek_snapshot
 from spotrun.decide.quarantine import recent_notices
 from spotrun.errors import SpotrunError
 from spotrun.providers.facts import facts_for
@@ -54,7 +54,7 @@ def live_market(settings: Settings, catalog: Catalog, zones: list[str] | None
     """The provider's market as the daemon reads it (nothing started, nothing written)."""
     from spotrun.providers import make_provider
     provider = make_provider(settings)
-    return provider.peek_snapshot(catalog.names(), zones), provider
+    return peek_snapshot(provider, catalog.names(), zones), provider
 
 
 def offline_market(settings: Settings, catalog: Catalog, zones: list[str]) -> MarketSnapshot:

@@ -2,18 +2,22 @@
 
 One value, built once per decision from the provider (live), or from the catalog snapshot
 when no provider can be asked; `plan`, `submit --dry-run` and the daemon all decide on one.
+Decide builds it from what the provider serves (zones, clock, prices, and the features it
+declares: spotrun.providers.base.ProviderFeature); the provider never calls back here.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from functools import partial
 from datetime import datetime
 from typing import Any, Callable, Iterable
 
 from spotrun.catalog import Catalog
 from spotrun.costmodel.prices import CatalogPrices, safe_price
 from spotrun.decide.quarantine import NO_QUARANTINE, PoolNotice, Quarantine
+from spotrun.providers.base import PoolView, ProviderFeature, RestingMarket
 
 PoolKey = tuple[str, str]
 
@@ -89,6 +93,41 @@ def provider_snapshot(provider: Any, types: Iterable[str], zones: Iterable[str] 
     return SnapshotSource(provider, types).snapshot(zones)
 
 
+def peek_snapshot(provider: Any, types: Iterable[str], zones: Iterable[str] | None = None,
+                  ) -> MarketSnapshot:
+    """The market as the daemon would read it, starting and writing nothing (plan, dry-run):
+    a resting market where the provider serves one (a local market not running), else live."""
+    names = list(types)
+    if ProviderFeature.RESTING_MARKET in provider.features:
+        rest = provider.resting_market(names)
+        if rest is not None:
+            return resting_snapshot(rest, zones)
+    return provider_snapshot(provider, names, zones)
+
+
+def resting_snapshot(rest: RestingMarket, zones: Iterable[str] | None = None) -> MarketSnapshot:
+    """A resting market cut to these zones (default: all of its own), in its zone order."""
+    wanted = set(zones or ())
+    zl = tuple(z for z in rest.zones if not wanted or z in wanted)
+    spot, avail = _pool_rows(rest.pools, zl)
+    return MarketSnapshot(zones=zl, at=rest.at, source=rest.source, spot=spot, available=avail,
+                          on_demand=dict(rest.on_demand))
+
+
+def _pool_rows(rows: Iterable[PoolView], zones: tuple[str, ...]
+               ) -> tuple[dict[PoolKey, float | None], dict[PoolKey, bool]]:
+    """Spot prices (NaN: none) and availability of the pools in these zones."""
+    spot: dict[PoolKey, float | None] = {}
+    avail: dict[PoolKey, bool] = {}
+    for row in rows:
+        if row.zone in zones:
+            p = row.spot_price_usd_per_hour
+            spot[(row.instance_type, row.zone)] = None if p is None or (
+                isinstance(p, float) and math.isnan(p)) else float(p)
+            avail[(row.instance_type, row.zone)] = bool(row.available)
+    return spot, avail
+
+
 class SnapshotSource:
     """One moment of a provider's market, cut for any zone list: the provider is asked once.
 
@@ -143,30 +182,22 @@ class SnapshotSource:
                                 else NO_QUARANTINE)
         spot: dict[PoolKey, float | None] = {}
         avail: dict[PoolKey, bool] = {}
-        view = getattr(provider, "market_view", None)
-        if view is not None:
+        fetch: Callable[[str, str], float | None] | None = None
+        if ProviderFeature.MARKET_VIEW in provider.features:
             if self._rows is None:
-                self._rows = list(view(self.names))
+                self._rows = list(provider.market_view(self.names))
             rows = self._rows
             # The provider's own zone order (a trace's column order) is what policies index by.
             seen = list(dict.fromkeys(r.zone for r in rows if r.zone in zl))
             zl = tuple(seen + [z for z in zl if z not in seen])
-            for row in rows:
-                if row.zone in zl:
-                    p = row.spot_price_usd_per_hour
-                    spot[(row.instance_type, row.zone)] = None if p is None or (
-                        isinstance(p, float) and math.isnan(p)) else float(p)
-                    avail[(row.instance_type, row.zone)] = bool(row.available)
-            fetch = None
+            spot, avail = _pool_rows(rows, zl)
         else:
-            def fetch(t: str, z: str) -> float | None:
-                return safe_price(provider.spot_price, t, z)
+            fetch = partial(safe_price, provider.spot_price)
         if self._od is None:
             self._od = {t: safe_price(provider.on_demand_price, t) for t in self.names}
-        source = getattr(provider, "snapshot_source", "live")
         return MarketSnapshot(zones=zl, spot=spot, on_demand=dict(self._od), at=self._at,
-                              source=source, available=avail, quarantine=self._quarantine,
-                              fetch=fetch)
+                              source=provider.snapshot_source, available=avail,
+                              quarantine=self._quarantine, fetch=fetch)
 
 
 def snapshot_fingerprint(market: MarketSnapshot, types: Iterable[str] | None = None) -> int:

@@ -1,6 +1,8 @@
 """The provider interface: a pure launch plan, then the acts (launch, describe, terminate).
 
-Both `local` and `aws` implement it; the daemon talks to nothing else.
+`local`, `aws` and `gcp` implement it; the daemon talks to nothing else. What a provider
+serves beyond the protocol is a ProviderFeature it declares (its class's `features`, the same
+set as its ProviderFacts'): the core reads the declaration, never probes the object.
 Times in InstanceInfo are the provider's clock (the local market runs faster than
 the wall), and the ledger books those times.
 """
@@ -10,6 +12,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
+from enum import Enum
 from typing import Any, Callable, Protocol, runtime_checkable
 
 from spotrun.states import InstanceState, Market, TerminationCause
@@ -138,11 +141,56 @@ class PricePoint:
     price_usd_per_hour: float
 
 
+class ProviderFeature(str, Enum):
+    """What a provider may serve beyond the Provider protocol: the method of the feature's name.
+
+    A provider declares the features it has (`Provider.features`, `ProviderFacts.features`);
+    a provider without one never has its method, and the core falls back as each says.
+    """
+
+    # market_view(instance_types) -> list[PoolView]: every pool's spot availability and
+    # prices in one read. Without it a decision asks spot_price per pool it reads and takes
+    # every pool as available.
+    MARKET_VIEW = "market_view"
+    # decision_grid() -> (origin_s, tick_s), provider seconds: the market moves on a grid (a
+    # replayed trace's rows), and the deadline policy decides on its boundaries. Without it
+    # the policy's own interval applies from the epoch.
+    DECISION_GRID = "decision_grid"
+    # resting_market(instance_types) -> RestingMarket | None: the market as a decision would
+    # read it, where reading it live would start it (a local market not running); None while
+    # it runs. Without it reading the market live starts nothing.
+    RESTING_MARKET = "resting_market"
+
+
+@dataclass(frozen=True)
+class PoolView:
+    """One pool as the policy sees it now: spot availability and prices (MARKET_VIEW)."""
+
+    instance_type: str
+    zone: str
+    available: bool
+    spot_price_usd_per_hour: float | None
+    on_demand_price_usd_per_hour: float | None
+
+
+@dataclass(frozen=True)
+class RestingMarket:
+    """The market read without starting it (RESTING_MARKET): what a decision reads at `at`."""
+
+    at: datetime
+    source: str                                # how plan and dry-run label where it came from
+    zones: tuple[str, ...]
+    pools: tuple[PoolView, ...]
+    on_demand: dict[str, float | None]         # USD/h by type, None where it has no price
+
+
 @runtime_checkable
 class Provider(Protocol):
     """What every provider implements."""
 
     name: str
+    features: frozenset[ProviderFeature]       # what it serves beyond this protocol
+    snapshot_source: str                       # how a decision labels its live market ("live")
 
     def zones(self) -> list[str]:
         """Zones this provider can launch into."""
@@ -193,9 +241,6 @@ class Provider(Protocol):
     def risk_hints(self, instance_types: list[str], zones: list[str]) -> dict[tuple[str, str], Any]:
         """Live reclaim-risk evidence per (type, zone) (spotrun.costmodel.risk.RiskHint); {} if none."""
 
-    def peek_snapshot(self, instance_types: list[str], zones: list[str] | None = None) -> Any:
-        """The market as the daemon would read it, starting and writing nothing (plan, dry-run)."""
-
     def offline_tick_s(self) -> float | None:
         """The market's natural decision interval in provider seconds, if it has one."""
 
@@ -243,6 +288,9 @@ class ProviderFacts:
     # guest's shutdown signal is one, the instance id). None: the IMDSv2 protocol at the
     # config's imds_endpoint (EC2, and the local market that imitates it).
     instance_metadata: Callable[..., Any] | None = None
+    # What its provider serves beyond the protocol: the same set as the provider's `features`,
+    # readable from settings alone, without making a provider.
+    features: frozenset[ProviderFeature] = frozenset()
 
 
 class MarketTruth(Protocol):

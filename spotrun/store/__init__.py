@@ -6,7 +6,8 @@ from typing import Callable
 from urllib.parse import urlparse
 
 from spotrun.errors import ConfigError
-from spotrun.store.base import ObjectInfo, ObjectStore, ProgressFn, join_key, validate_key
+from spotrun.store.base import (ObjectInfo, ObjectStore, ProgressFn, StoreFeature, join_key,
+                                validate_key)
 
 StoreFactory = Callable[[str], ObjectStore]
 
@@ -44,5 +45,5 @@ def open_store(uri: str) -> ObjectStore:
     return factory(uri)
 
 
-__all__ = ["ObjectInfo", "ObjectStore", "ProgressFn", "STORES", "join_key", "open_store",
-           "validate_key"]
+__all__ = ["ObjectInfo", "ObjectStore", "ProgressFn", "STORES", "StoreFeature", "join_key",
+           "open_store", "validate_key"]

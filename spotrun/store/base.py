@@ -1,12 +1,15 @@
-"""The object-store interface shared by `file://` and `s3://`.
+"""The object-store interface shared by `file://`, `s3://` and `gs://`.
 
 Keys are relative, '/'-separated, without '..' or empty parts. A store rooted at
 `uri` sees only keys under it; `sub(prefix)` gives a narrower view (a job's prefix).
+What a store offers beyond the protocol is a StoreFeature it declares (`features`); callers
+read the declaration, never the store's class.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import Enum
 from pathlib import Path
 from typing import Callable, Protocol, runtime_checkable
 
@@ -23,11 +26,27 @@ class ObjectInfo:
     size: int
 
 
+class StoreFeature(str, Enum):
+    """What a store may offer beyond the ObjectStore protocol; each store declares its own."""
+
+    # local_path(key) -> Path: the object is a file on this machine (a shared filesystem for
+    # every node), under that path: read straight into a buffer, or written in place by a
+    # library that writes files (sharded DCP checkpoints). The method exists only with it.
+    LOCAL_PATH = "local_path"
+    # put_bytes takes any bytes-like buffer (a memoryview of a snapshot) without a copy;
+    # without it, callers hand it `bytes`.
+    BUFFER_WRITES = "buffer_writes"
+    # Objects cross a network in ranged reads and multipart/chunked writes, each reporting its
+    # bytes: a long transfer (a checkpoint restore) shows its progress to the user.
+    NETWORK = "network"
+
+
 @runtime_checkable
 class ObjectStore(Protocol):
     """What every store implements."""
 
     uri: str
+    features: frozenset[StoreFeature]
 
     def put_bytes(self, key: str, data: bytes) -> None:
         """Write data at key atomically: readers see the old object or the new, never a part."""
@@ -38,8 +57,8 @@ class ObjectStore(Protocol):
     def put_file(self, key: str, path: str | Path, progress: ProgressFn | None = None) -> str:
         """Upload a local file atomically; returns its SHA256 hex digest."""
 
-    def get_bytes(self, key: str) -> bytes:
-        """The object's bytes; raises ObjectNotFound."""
+    def get_bytes(self, key: str, progress: ProgressFn | None = None) -> bytes:
+        """The object's bytes, `progress` called as they arrive; raises ObjectNotFound."""
 
     def get_file(self, key: str, path: str | Path, progress: ProgressFn | None = None) -> None:
         """Download key to path (written atomically); raises ObjectNotFound."""

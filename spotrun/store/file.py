@@ -8,7 +8,7 @@ from pathlib import Path
 from urllib.parse import unquote, urlparse
 
 from spotrun.errors import ConfigError, ObjectNotFound, StoreError
-from spotrun.store.base import ObjectInfo, ProgressFn, join_key, validate_key
+from spotrun.store.base import ObjectInfo, ProgressFn, StoreFeature, join_key, validate_key
 from spotrun.store.localfile import TMP_PREFIX, fsync_dir, write_atomic
 
 _CHUNK = 4 * 1024 * 1024
@@ -16,6 +16,8 @@ _CHUNK = 4 * 1024 * 1024
 
 class FileStore:
     """A store rooted at a local directory."""
+
+    features = frozenset({StoreFeature.LOCAL_PATH, StoreFeature.BUFFER_WRITES})
 
     def __init__(self, root: str | Path) -> None:
         self.root = Path(root)
@@ -34,6 +36,10 @@ class FileStore:
 
     def _path(self, key: str) -> Path:
         return self.root / validate_key(key)
+
+    def local_path(self, key: str) -> Path:
+        """The file (or folder of objects) key names on this machine (LOCAL_PATH)."""
+        return self._path(key)
 
     def sub(self, prefix: str) -> "FileStore":
         """A view rooted at prefix."""
@@ -83,12 +89,24 @@ class FileStore:
 
         return self._write_atomic(self._path(key), chunks(), progress, total)
 
-    def get_bytes(self, key: str) -> bytes:
-        """Read the whole object."""
+    def get_bytes(self, key: str, progress: ProgressFn | None = None) -> bytes:
+        """Read the whole object (in chunks, reporting them, when progress is given)."""
         try:
-            return self._path(key).read_bytes()
+            if progress is None:
+                return self._path(key).read_bytes()
+            with open(self._path(key), "rb") as f:
+                total = os.fstat(f.fileno()).st_size
+                parts: list[bytes] = []
+                done = 0
+                while chunk := f.read(_CHUNK):
+                    parts.append(chunk)
+                    done += len(chunk)
+                    progress(done, total)
         except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
             raise ObjectNotFound("no such object", field="key", value=key) from None
+        if not parts:
+            progress(0, 0)
+        return b"".join(parts)
 
     def get_file(self, key: str, path: str | Path, progress: ProgressFn | None = None) -> None:
         """Copy the object out to path, atomically."""

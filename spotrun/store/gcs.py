@@ -37,7 +37,7 @@ from google.resumable_media import common as media_common
 from google.resumable_media.requests import ResumableUpload
 
 from spotrun.errors import ChecksumMismatch, ConfigError, ObjectNotFound, StoreError
-from spotrun.store.base import ObjectInfo, ProgressFn, join_key, validate_key
+from spotrun.store.base import ObjectInfo, ProgressFn, StoreFeature, join_key, validate_key
 from spotrun.store.localfile import write_atomic
 
 def _own_boundary_rng() -> None:
@@ -72,6 +72,8 @@ _CONTENT_TYPE = "application/octet-stream"
 
 class GcsStore:
     """A store rooted at gs://bucket/prefix."""
+
+    features = frozenset({StoreFeature.NETWORK})
 
     def __init__(self, bucket: str, prefix: str = "", *, client: Any = None,
                  chunk_size: int = DEFAULT_CHUNK,

@@ -13,7 +13,7 @@ from typing import Any, Callable, Iterator
 
 import structlog
 
-from spotrun.store.base import ProgressFn
+from spotrun.store.base import ObjectStore, ProgressFn, StoreFeature
 
 log = structlog.get_logger("spotrun.transfer")
 AFTER_S = 2.0    # a transfer shorter than this shows nothing
@@ -106,10 +106,10 @@ class ByteTally:
 
 
 @contextmanager
-def network_progress(store: Any, what: str) -> Iterator[TransferProgress | None]:
-    """A TransferProgress for a transfer over the network (S3); None for a local store."""
-    from spotrun.store.s3 import S3Store
-    if not isinstance(store, S3Store):
+def network_progress(store: ObjectStore, what: str) -> Iterator[TransferProgress | None]:
+    """A TransferProgress for a transfer over the network (s3://, gs://); None for a store
+    that declares no NETWORK feature (a local copy is quick)."""
+    if StoreFeature.NETWORK not in store.features:
         yield None
         return
     with TransferProgress(what) as progress:

@@ -20,7 +20,7 @@ from urllib.parse import urlparse
 
 from spotrun.aws_clients import RetryPolicy, error_code, make_client, use_retries
 from spotrun.errors import ChecksumMismatch, ConfigError, ObjectNotFound, StoreError
-from spotrun.store.base import ObjectInfo, ProgressFn, join_key, validate_key
+from spotrun.store.base import ObjectInfo, ProgressFn, StoreFeature, join_key, validate_key
 from spotrun.store.localfile import write_atomic
 
 META_SHA = "sha256"
@@ -31,6 +31,8 @@ _READ_CHUNK = 1024 * 1024
 
 class S3Store:
     """A store rooted at s3://bucket/prefix."""
+
+    features = frozenset({StoreFeature.NETWORK})
 
     def __init__(self, bucket: str, prefix: str = "", *, client: Any = None,
                  retry: RetryPolicy | None = None, part_size: int = 64 * 1024 * 1024,

@@ -12,7 +12,6 @@ from __future__ import annotations
 import hashlib
 import logging
 import pickle
-from pathlib import Path
 from typing import Any, MutableMapping, Protocol
 
 import torch.distributed as tdist
@@ -21,8 +20,7 @@ from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_di
 
 from spotrun.checkpoints import MANIFEST, Manifest, apply_retention, checkpoint_name, latest_verified, write_manifest
 from spotrun.errors import CheckpointError, ConfigError
-from spotrun.store.base import ObjectStore
-from spotrun.store.file import FileStore
+from spotrun.store.base import ObjectStore, StoreFeature
 from spotrun.torch.rng import get_rng_state, set_rng_state
 
 log = logging.getLogger(__name__)
@@ -42,11 +40,12 @@ class ShardedState(Protocol):
     resume_name: str | None
 
 
-def _root(ckpt: ShardedState) -> Path:
-    if not isinstance(ckpt.store, FileStore):
+def _local(ckpt: ShardedState) -> ObjectStore:
+    """The checkpointer's store, whose objects DCP writes as files (LOCAL_PATH)."""
+    if StoreFeature.LOCAL_PATH not in ckpt.store.features:
         raise ConfigError("sharded checkpoints need a file:// store on a shared filesystem",
                           field="SPOTRUN_CHECKPOINT_URI", value=ckpt.store.uri)
-    return ckpt.store.root
+    return ckpt.store
 
 
 def _rank() -> int:
@@ -72,15 +71,15 @@ def _state(ckpt: ShardedState) -> dict[str, Any]:
 
 def save_sharded(ckpt: ShardedState, step: int) -> Manifest | None:
     """Collective: every rank writes its shard; rank 0 returns the published manifest."""
-    root = _root(ckpt)
     name = checkpoint_name(step)
-    dcp.save(_state(ckpt), checkpoint_id=str(root / name))
+    folder = _local(ckpt).local_path(name)
+    dcp.save(_state(ckpt), checkpoint_id=str(folder))
     if tdist.is_initialized():
         tdist.barrier()
     manifest = None
     if _rank() == 0:
         files = {}
-        for p in sorted((root / name).iterdir()):
+        for p in sorted(folder.iterdir()):
             if p.is_file() and p.name != MANIFEST:
                 data = p.read_bytes()
                 files[p.name] = {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
@@ -94,7 +93,7 @@ def save_sharded(ckpt: ShardedState, step: int) -> Manifest | None:
 
 def restore_sharded(ckpt: ShardedState) -> int:
     """Collective: rank 0 picks the newest verified checkpoint, every rank loads its shard."""
-    root = _root(ckpt)
+    store = _local(ckpt)
     chosen: list[Any] = [None]
     if _rank() == 0:
         m = latest_verified(ckpt.store, deep=True)
@@ -110,7 +109,7 @@ def restore_sharded(ckpt: ShardedState) -> int:
     state = _state(ckpt)
     key = f"spotrun_rank{_rank()}"
     try:
-        dcp.load(state, checkpoint_id=str(root / name))
+        dcp.load(state, checkpoint_id=str(store.local_path(name)))
     except Exception as exc:   # DCP raises plain exceptions (often wrapped per rank)
         raise CheckpointError(f"cannot load sharded checkpoint: {exc}", field="checkpoint",
                               value=name, hint="same world size and model as when saved?") from None

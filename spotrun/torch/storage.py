@@ -22,8 +22,7 @@ from spotrun.checkpoints import (INDEX, TORCH_KIND, TORCH_META, Manifest, check_
                                  checkpoint_name, read_manifest, torch_shard_name,
                                  write_manifest)
 from spotrun.errors import CheckpointError, ObjectNotFound, StoreError
-from spotrun.store.base import ObjectStore, ProgressFn, validate_key
-from spotrun.store.file import FileStore
+from spotrun.store.base import ObjectStore, ProgressFn, StoreFeature
 from spotrun.store.progress import ByteTally
 from spotrun.torch.snapshot import Snapshot
 
@@ -44,8 +43,8 @@ def _shard_name(i: int) -> str:
 
 
 def _payload(store: ObjectStore, view: memoryview) -> Any:
-    # FileStore writes any buffer; other stores (boto3) get real bytes.
-    return view if isinstance(store, FileStore) else bytes(view)
+    # A store that takes any buffer gets the snapshot's own memory; others (boto3) get bytes.
+    return view if StoreFeature.BUFFER_WRITES in store.features else bytes(view)
 
 
 def write_snapshot(store: ObjectStore, snap: Snapshot, *, extra: dict[str, Any] | None = None,
@@ -104,9 +103,9 @@ def _sha(data: Any) -> str:
 def _read_into(store: ObjectStore, key: str, dest: memoryview,
                progress: ProgressFn | None = None) -> int:
     """Read an object into dest; returns its size (more than len(dest) means too long)."""
-    if isinstance(store, FileStore):
+    if StoreFeature.LOCAL_PATH in store.features:
         # Straight from the file into the restore buffer: no intermediate bytes object.
-        path = store.root / validate_key(key)
+        path = store.local_path(key)
         try:
             size = path.stat().st_size
             if size != len(dest):
@@ -121,7 +120,7 @@ def _read_into(store: ObjectStore, key: str, dest: memoryview,
                 return got
         except (FileNotFoundError, NotADirectoryError):
             raise ObjectNotFound("no such object", field="key", value=key) from None
-    data = store.get_bytes(key, progress=progress) if progress else store.get_bytes(key)
+    data = store.get_bytes(key, progress=progress)
     if len(data) == len(dest):
         dest[:] = data
     return len(data)
@@ -130,10 +129,10 @@ def _read_into(store: ObjectStore, key: str, dest: memoryview,
 def _read_hashed(store: ObjectStore, key: str, dest: memoryview,
                  progress: ProgressFn | None = None) -> tuple[int, str | None]:
     """Read an object into dest and hash it; (size, sha256 hex, None if the size is wrong)."""
-    if not isinstance(store, FileStore):
+    if StoreFeature.LOCAL_PATH not in store.features:
         got = _read_into(store, key, dest, progress)
         return got, (_sha(dest) if got == len(dest) else None)
-    path = store.root / validate_key(key)
+    path = store.local_path(key)
     try:
         size = path.stat().st_size
         if size != len(dest):

@@ -13,7 +13,7 @@ from typing import Any
 
 from spotrun.ledger.rules import BillingRules
 from spotrun.providers.aws.userdata import JOB_DIR
-from spotrun.providers.base import ProviderFacts
+from spotrun.providers.base import ProviderFacts, ProviderFeature
 
 DEFAULT_ZONES = {
     "us-east-1": ["us-east-1a", "us-east-1b", "us-east-1c", "us-east-1d", "us-east-1e",
@@ -22,6 +22,9 @@ DEFAULT_ZONES = {
     "us-west-2": ["us-west-2a", "us-west-2b", "us-west-2c", "us-west-2d"],
 }
 AWS_RULES = BillingRules(provider="aws")
+# None beyond the protocol: EC2 prices are read per pool (a decision reads few), its prices
+# move when they move (no grid), and reading them starts nothing.
+AWS_FEATURES: frozenset[ProviderFeature] = frozenset()
 
 
 def _zones(settings: Any) -> list[str]:
@@ -70,4 +73,4 @@ FACTS = ProviderFacts(
     # the 1.6% of any row; by the row after that 9.8% (6x); then about 2x, which the pool's
     # reclaim rate (weighing that reclaim fully) carries. docs/cost-model.md, "Notice quarantine".
     notice_quarantine_s=720.0,
-    job_dir=lambda st: JOB_DIR, catalog="aws")
+    job_dir=lambda st: JOB_DIR, catalog="aws", features=AWS_FEATURES)

@@ -132,10 +132,10 @@ class GroupActs:
 
     def fis(self) -> Any:
         """The boto3 FIS client (made on first use)."""
-        if callable(self._fis) and not hasattr(self._fis, "start_experiment"):
-            self._fis = use_retries(self._fis(), self.retry)
         if self._fis is None:
-            raise ProviderError("no FIS client configured", field="aws")
+            if self._make_fis is None:
+                raise ProviderError("no FIS client configured", field="aws")
+            self._fis = use_retries(self._make_fis(), self.retry)
         return self._fis
 
     def interrupt(self, instance_ids: list[str], notice_s: float = 120.0) -> list[Interruption]:

@@ -17,6 +17,7 @@ from spotrun.aws_clients import (CAPACITY_CODES, RetryPolicy, error_code, make_c
                                  use_retries)
 from spotrun.catalog import Catalog, load_catalog
 from spotrun.errors import CapacityError, ConfigError, ProviderError
+from spotrun.providers.aws import AWS_FEATURES
 from spotrun.providers.aws.group import GroupActs
 from spotrun.providers.aws.launch import (TAG_TOKEN, LaunchConfig, build_calls, build_group_calls,
                                          ec2_error)
@@ -53,16 +54,19 @@ class AwsProvider(GroupActs):
     """EC2 behind the Provider interface (group launch and interrupt: aws_group.GroupActs)."""
 
     name = "aws"
+    features = AWS_FEATURES
+    snapshot_source = "live"
 
     def __init__(self, *, ec2: Any, launch: LaunchConfig, region: str = "us-east-1",
                  catalog: Catalog | None = None, retry: RetryPolicy | None = None,
                  clock: Callable[[], datetime] = _utcnow,
                  capacity_cooldown_s: float = 600.0, advisor: AdvisorFeed | None = None,
-                 placement_scores: bool = True, fis: Any = None,
+                 placement_scores: bool = True, fis: Callable[[], Any] | None = None,
                  fis_role_arn: str = "") -> None:
         self.retry = retry or RetryPolicy()
         self.ec2 = use_retries(ec2, self.retry)
-        self._fis = fis             # a boto3 "fis" client, or a () -> client (made when needed)
+        self._make_fis = fis        # () -> a boto3 "fis" client, called on first interrupt
+        self._fis: Any = None
         self.fis_role_arn = fis_role_arn
         self.cfg = launch
         self.region = region
@@ -122,11 +126,6 @@ class AwsProvider(GroupActs):
         except Exception as exc:  # noqa: BLE001 - risk evidence is optional, a plan is not
             log.warning("risk hints unavailable: %s", exc)
             return {}
-
-    def peek_snapshot(self, instance_types: list[str], zones: list[str] | None = None) -> Any:
-        """EC2's market now: reading it starts nothing (the same calls the daemon makes)."""
-        from spotrun.decide.market import provider_snapshot
-        return provider_snapshot(self, instance_types, zones)
 
     def offline_tick_s(self) -> float | None:
         """None: EC2 prices move when they move; the policy's own interval applies."""

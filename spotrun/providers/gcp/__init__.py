@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Mapping
 
-from spotrun.providers.base import ProviderFacts
+from spotrun.providers.base import ProviderFacts, ProviderFeature
 from spotrun.providers.gcp.billing import GCP_RULES
 
 # The zones of each region spotrun's catalog prices (docs/gcp-facts.md; the union of the
@@ -27,6 +27,9 @@ ZONES = {
 PREEMPTION_WINDOW_S = 30.0
 AGENT_DIR = "/var/lib/spotrun"
 JOB_DIR = f"{AGENT_DIR}/job"
+# None beyond the protocol: Spot prices are the catalog's, read per pool; they hold for days
+# (no grid), and reading them calls no API.
+GCP_FEATURES: frozenset[ProviderFeature] = frozenset()
 
 
 def zones_of(settings: Any) -> list[str]:
@@ -76,4 +79,4 @@ FACTS = ProviderFacts(
     # nothing about a shorter capacity squeeze.
     notice_quarantine_s=PREEMPTION_WINDOW_S + 600.0,
     job_dir=lambda st: JOB_DIR, catalog="gcp", price_region=lambda st: st.gcp.region,
-    instance_metadata=_instance_metadata)
+    instance_metadata=_instance_metadata, features=GCP_FEATURES)

@@ -26,6 +26,7 @@ from spotrun.errors import CapacityError, ConfigError, ProviderError
 from spotrun.providers.capacity import CapacityFailure, pools_cooling, record_capacity
 from spotrun.providers.base import (TAG_JOB, InstanceInfo, LaunchPlan, LaunchRequest,
                                     PricePoint)
+from spotrun.providers.gcp import GCP_FEATURES
 from spotrun.providers.gcp.group import GroupActs
 from spotrun.providers.gcp.launch import (TOKEN_LABEL, LaunchConfig, build_calls,
                                          build_group_calls, label_key, label_value,
@@ -63,6 +64,8 @@ class GcpProvider(GroupActs):
     """Compute Engine behind the Provider interface (groups and interrupt: group.GroupActs)."""
 
     name = "gcp"
+    features = GCP_FEATURES
+    snapshot_source = "live"
 
     def __init__(self, *, clients: Clients, launch: LaunchConfig, zones: list[str],
                  catalog: Catalog | None = None, clock: Callable[[], datetime] = _utcnow,
@@ -124,11 +127,6 @@ class GcpProvider(GroupActs):
     def risk_hints(self, instance_types: list[str], zones: list[str]) -> dict[tuple[str, str], Any]:
         """{}: GCP publishes no per-pool interruption evidence (the catalog's priors apply)."""
         return {}
-
-    def peek_snapshot(self, instance_types: list[str], zones: list[str] | None = None) -> Any:
-        """The market now (catalog prices per zone): reading it calls no API."""
-        from spotrun.decide.market import provider_snapshot
-        return provider_snapshot(self, instance_types, zones)
 
     def offline_tick_s(self) -> float | None:
         """None: GCP prices hold for days; the policy's own interval applies."""

@@ -14,7 +14,12 @@ from pathlib import Path
 from typing import Any
 
 from spotrun.providers.aws import AWS_RULES
-from spotrun.providers.base import ProviderFacts
+from spotrun.providers.base import ProviderFacts, ProviderFeature
+
+# The market answers for every pool at once, moves on its trace's rows, and can be read from
+# its trace without starting it (plan, dry-run).
+LOCAL_FEATURES = frozenset({ProviderFeature.MARKET_VIEW, ProviderFeature.DECISION_GRID,
+                            ProviderFeature.RESTING_MARKET})
 
 # The local market imitates AWS, so its bill follows the same rules.
 LOCAL_RULES = replace(AWS_RULES, provider="local")
@@ -73,4 +78,5 @@ FACTS = ProviderFacts(
     # Every local instance shares this machine's disk: one folder per job and node, outside
     # the instances' own folders, so an attempt finds the path the last one used.
     job_dir=lambda st: str(st.home_path / "market" / "jobs" / "{job_id}" / "node-{node_rank}"),
-    catalog="aws")   # the market replays AWS traces of AWS types
+    catalog="aws",   # the market replays AWS traces of AWS types
+    features=LOCAL_FEATURES)

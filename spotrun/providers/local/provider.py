@@ -7,7 +7,6 @@ its instances where it left them. Times are the market's clock.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Callable, TypeVar
@@ -20,7 +19,9 @@ from spotrun.providers.local.market.clock import (CLOCK_FILE, MarketClock, Syste
                                                  read_clock_file, to_dt)
 from spotrun.providers.local.market.options import MarketOptions
 from spotrun.providers.base import (TAG_ATTEMPT, TAG_JOB, TAG_MANAGED, TAG_NODE, InstanceInfo,
-                                    Interruption, LaunchPlan, LaunchRequest, Pool, PricePoint)
+                                    Interruption, LaunchPlan, LaunchRequest, Pool, PoolView,
+                                    PricePoint, RestingMarket)
+from spotrun.providers.local import LOCAL_FEATURES
 from spotrun.states import InstanceState, Market, TerminationCause
 
 T = TypeVar("T")
@@ -31,17 +32,6 @@ def group_token(token: str, k: int, pool_index: int = 0) -> str:
     """The client token of the k-th instance of a group launch (`<token>-<k>` in the first
     pool; a later candidate pool gets its own tokens, the first pool's being spent)."""
     return f"{token}-{k}" if pool_index == 0 else f"{token}-p{pool_index}-{k}"
-
-
-@dataclass(frozen=True)
-class PoolView:
-    """One pool as the policy sees it now: spot availability and prices."""
-
-    instance_type: str
-    zone: str
-    available: bool
-    spot_price_usd_per_hour: float | None
-    on_demand_price_usd_per_hour: float | None
 
 
 def _stamp(path: Path) -> tuple[int, int]:
@@ -72,6 +62,7 @@ class LocalProvider:
     """Provider backed by a local market process (see spotrun.providers.local.market)."""
 
     name = "local"
+    features = LOCAL_FEATURES
     snapshot_source = "live (local market)"
 
     def __init__(self, client: MarketClient | None = None, *, region: str = "us-east-1",
@@ -299,26 +290,21 @@ class LocalProvider:
         info = self._call(lambda c: c.time())
         return float(info["epoch_wall_s"]), float(info["tick_s"])
 
-    def peek_snapshot(self, instance_types: list[str], zones: list[str] | None = None) -> Any:
-        """The market as a decision sees it, without starting a market that is not running.
-
-        A running market answers live; otherwise its order book at the trace row it would
-        start from is read in-process (nothing is written).
-        """
-        from spotrun.decide.market import MarketSnapshot, provider_snapshot
+    def resting_market(self, instance_types: list[str]) -> RestingMarket | None:
+        """The market not running: its order book at the trace row it would start from, read
+        in-process (nothing started, nothing written); None while it runs (read it live)."""
         if self._client is not None or (self.state_dir is not None
                                         and read_live_info(self.state_dir)):
-            return provider_snapshot(self, instance_types, zones)
+            return None
         assert self.options is not None
         book = self.options.load_book()
         pos = float(self.options.start_tick)
-        zl = tuple(z for z in book.zones if not zones or z in zones)
         names = [t for t in instance_types if book.on_demand_price(t) is not None]
-        return MarketSnapshot(
-            zones=zl, at=to_dt(self.wall.time()),
+        return RestingMarket(
+            at=to_dt(self.wall.time()), zones=tuple(book.zones),
             source=f"local market trace at row {self.options.start_tick} (market not running)",
-            spot={(t, z): book.spot_price(t, z, pos) for t in names for z in zl},
-            available={(t, z): book.available(z, pos) for t in names for z in zl},
+            pools=tuple(PoolView(t, z, book.available(z, pos), book.spot_price(t, z, pos),
+                                 book.on_demand_price(t)) for t in names for z in book.zones),
             on_demand={t: book.on_demand_price(t) for t in instance_types})
 
     def offline_tick_s(self) -> float:
