@@ -1,8 +1,10 @@
 """The daemon's own health (issue 24): per-loop tick p50/p99 over the last minute and lag, kept by
 the runner, shown by `spotrun daemon --check` and in `/metrics`.
 
-The runner's figures are checked on a hand-moved clock (spotrun.clock.ManualClock); the rest on
-a real daemon process over the local market, the real CLI and the real dashboard server.
+The runner's figures are checked on a hand-moved clock (spotrun.clock.ManualClock), ticks driven
+by hand; the scheduler's lag and slots with short real intervals in tests/test_loop_isolation.py;
+the rest on a real daemon process over the local market, the real CLI and the real dashboard
+server.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import pytest
 
 from spotrun.clock import ManualClock
 from spotrun.config import load_settings
-from spotrun.daemon.health import BUCKETS_S, live_loop_health, read_health
+from spotrun.daemon.health import BUCKETS_S, LoopHealth, live_loop_health, read_health
 from spotrun.daemon.runner import Runner, Scheduled
 from spotrun.db import open_db
 from spotrun.ui.metrics import render_metrics
@@ -50,7 +52,7 @@ class _Loop:
 def _runner(clock: ManualClock, *loops: tuple[_Loop, float]) -> tuple[Runner, dict]:
     items = {loop.name: Scheduled(loop, interval_s) for loop, interval_s in loops}
     runner = Runner(list(items.values()), clock=clock)
-    runner.anchor()
+    runner.health.track({name: item.interval_s for name, item in items.items()})
     return runner, items
 
 
@@ -58,33 +60,27 @@ def _at(clock: ManualClock, start: float, offset_s: float) -> None:
     clock.now_s = start + offset_s
 
 
-def test_runner_gives_p50_p99_over_the_last_minute_and_the_lag_of_each_tick():
+def test_runner_gives_p50_p99_over_the_last_minute_and_a_histogram_since_the_start():
     clock = ManualClock(start_s=1000.0)   # small numbers: durations exact to a nanosecond
     t0 = clock.now_s
     fast = _Loop("fast", clock)
     runner, items = _runner(clock, (fast, 0.5))
-    # 100 ticks on their slots, taking 0.5 ms .. 99.5 ms (in a shuffled order; off the
-    # histogram's bucket bounds).
+    # 100 ticks, taking 0.5 ms .. 99.5 ms (in a shuffled order; off the histogram's bucket
+    # bounds), each tick(now) driven here as the scheduler would.
     durations = [((i * 37) % 100 + 0.5) / 1000.0 for i in range(100)]
     for i, took in enumerate(durations):
         _at(clock, t0, i * 0.5)
         fast.next_s = took
         runner.run_tick(items["fast"])
     snap = runner.health.snapshot()["fast"]
-    assert snap["ticks"] == 100 and snap["interval_s"] == 0.5
+    assert snap["ticks"] == 100 and snap["interval_s"] == 0.5 and snap["errors"] == 0
     # Nearest rank: the 50th and 99th of the 100 sorted durations.
     assert snap["p50_s"] == pytest.approx(0.0495) and snap["p99_s"] == pytest.approx(0.0985)
     assert snap["max_s"] == pytest.approx(0.0995)
-    assert snap["lag_s"] == 0.0 and snap["lag_max_s"] == 0.0 and snap["errors"] == 0
-    # The next slot is 50.0; the tick starts 0.3 s after it.
+    assert snap["lag_s"] is None   # the lag is the scheduler's: none without it
     _at(clock, t0, 50.3)
     fast.next_s = 0.001
     runner.run_tick(items["fast"])
-    snap = runner.health.snapshot()["fast"]
-    assert snap["lag_s"] == pytest.approx(0.3) and snap["lag_max_s"] == pytest.approx(0.3)
-    # That tick ended at 50.301; not ticked since its next slot, 50.5: overdue now.
-    _at(clock, t0, 52.7)
-    assert runner.health.snapshot()["fast"]["overdue_s"] == pytest.approx(2.2)
     # A minute later the window is empty; the histogram counts on.
     _at(clock, t0, 200.0)
     snap = runner.health.snapshot()["fast"]
@@ -97,26 +93,27 @@ def test_runner_gives_p50_p99_over_the_last_minute_and_the_lag_of_each_tick():
     assert h["cumulative"][BUCKETS_S.index(0.1)] == 101
 
 
-def test_a_tick_queued_behind_a_slow_loop_shows_the_wait_as_lag():
-    clock = ManualClock()
+def test_health_keeps_the_lag_and_next_slot_the_scheduler_reports():
+    clock = ManualClock(start_s=1000.0)
     t0 = clock.now_s
-    slow, quick = _Loop("slow", clock), _Loop("quick", clock)
-    runner, items = _runner(clock, (slow, 1.0), (quick, 1.0))
-    slow.next_s, quick.next_s = 5.0, 0.1
-    runner.run_tick(items["slow"])        # slot 0, runs 5 s on the one worker
-    runner.run_tick(items["quick"])       # its slot 0 waited for it
-    assert runner.health.snapshot()["quick"]["lag_s"] == pytest.approx(5.0)
-    # The slow loop's next slot is the first at or after its end (5.0): on time, no lag; a
-    # loop that outlasts its interval skips slots by design.
-    runner.run_tick(items["slow"])        # 5.1: started 0.1 s after slot 5
-    assert runner.health.snapshot()["slow"]["lag_s"] == pytest.approx(0.1)
-    _at(clock, t0, 11.0)
-    runner.run_tick(items["quick"])       # quick ended at 5.2: its slot is 6; 5 s late
-    assert runner.health.snapshot()["quick"]["lag_s"] == pytest.approx(5.0)
-    _at(clock, t0, 12.0)
-    runner.run_tick(items["quick"])
-    snap = runner.health.snapshot()["quick"]
-    assert snap["lag_s"] == 0.0 and snap["lag_max_s"] == pytest.approx(5.0)
+    health = LoopHealth(clock)
+    health.track({"quick": 1.0})
+    assert health.snapshot()["quick"]["histogram"]["count"] == 0   # declared before a tick
+    health.lag("quick", 0.3)
+    health.lag("quick", 0.0)
+    snap = health.snapshot()["quick"]
+    assert snap["lag_s"] == 0.0 and snap["lag_max_s"] == pytest.approx(0.3)
+    # The scheduler's next run is 0.5 s away; 2.7 s later it has not started: 2.2 s overdue.
+    health.next_slot("quick", 0.5)
+    _at(clock, t0, 2.7)
+    assert health.snapshot()["quick"]["overdue_s"] == pytest.approx(2.2)
+    started = health.begin("quick")
+    assert health.snapshot()["quick"]["overdue_s"] == 0.0   # running: not overdue
+    health.end("quick", started)
+    # A minute on, the window's lags are gone; the last one stays.
+    _at(clock, t0, 100.0)
+    snap = health.snapshot()["quick"]
+    assert snap["lag_max_s"] is None and snap["lag_s"] == 0.0
 
 
 def test_a_failing_tick_is_timed_and_counted():

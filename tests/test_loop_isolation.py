@@ -1,19 +1,22 @@
-"""Daemon loops that cannot starve each other (issue 24).
+"""Daemon loops that cannot starve each other (issue 24), on APScheduler (issue 41).
 
-Every loop runs on its own thread, on its own interval grid, and the loops' transactions take
-turns at the database (spotrun.daemon.dbturns). Checked with the daemon's real loops over a
-real SQLite database, through the engine `build_context` gives the daemon; the one injected
-part is a scheduling pass that blocks on a threading.Event for as long as a test holds it.
+The runner's scheduler has a worker for every loop, runs each loop on its own interval grid
+(one instance at a time, missed slots coalesced, a late tick never dropped), and the loops'
+transactions take turns at the database (spotrun.daemon.dbturns). Checked with the daemon's
+real loops over a real SQLite database, through the engine `build_context` gives the daemon,
+and the real scheduler on short real intervals; the one injected part is a pass that blocks
+on a threading.Event for as long as a test holds it.
 """
 
 from __future__ import annotations
 
 import threading
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
+from apscheduler.events import EVENT_JOB_EXECUTED
 
-from spotrun.clock import ManualClock
 from spotrun.config import load_settings
 from spotrun.daemon.app import build_context
 from spotrun.daemon.dbturns import TurnLock, turn_lock
@@ -165,39 +168,96 @@ def test_two_loops_writing_the_same_row_at_once_lose_nothing_and_never_see_locke
     assert lock is not None and lock.waits > 0   # they did reach for the database at once
 
 
-def test_a_missed_slot_is_one_pass_not_a_burst():
-    clock = ManualClock(start_s=1000.0)
-    t0 = clock.now_s
-    starts: list[float] = []
-    hold = threading.Event()
+class Slots:
+    """The run time the scheduler ran each tick of one loop for, and when it started."""
 
-    class Slow:
-        name = "slow"
+    def __init__(self, runner: Runner, name: str) -> None:
+        self.ran: list[tuple[datetime, datetime]] = []   # (scheduled, started)
+        runner.scheduler.add_listener(self._on_executed, EVENT_JOB_EXECUTED)
+        self.name = name
 
-        def tick(self, now) -> None:
-            starts.append(clock.now_s)
-            if len(starts) == 2:
-                hold.wait(60)    # the test moves the clock while this tick runs
+    def _on_executed(self, event) -> None:
+        if event.job_id == self.name and event.retval is not None:
+            self.ran.append((event.scheduled_run_time, event.retval))
 
-    runner = Runner([Scheduled(Slow(), 1.0)], clock=clock)
+
+class Slow:
+    """A loop whose second tick waits until released."""
+
+    name = "slow"
+
+    def __init__(self) -> None:
+        self.ticks = 0
+        self.release = threading.Event()
+
+    def tick(self, now) -> None:
+        """Hold the second pass."""
+        self.ticks += 1
+        if self.ticks == 2 and not self.release.wait(60):
+            raise RuntimeError("never released")
+
+
+def _grid_index(slot: datetime, first: datetime, interval_s: float) -> float:
+    return (slot - first).total_seconds() / interval_s
+
+
+def test_a_tick_that_outlasts_its_interval_skips_the_slots_it_missed():
+    slow = Slow()
+    interval_s = 0.2
+    runner = Runner([Scheduled(slow, interval_s)])
+    slots = Slots(runner, "slow")
     runner.start()
     try:
-        wait_for(lambda: _count(runner, "slow") == 1, 30, "the first pass")
-        clock.now_s = t0 + 1.0
-        runner.wake()
-        wait_for(lambda: len(starts) == 2, 30, "the second pass")
-        clock.now_s = t0 + 4.5          # the pass outlasts slots 2, 3 and 4
-        hold.set()
-        wait_for(lambda: _count(runner, "slow") == 2, 30, "the long pass to end")
-        clock.now_s = t0 + 5.0
-        runner.wake()
-        wait_for(lambda: len(starts) == 3, 30, "the pass at slot 5")
+        wait_for(lambda: slow.ticks == 2, 30, "the second pass")
+        wait_for(lambda: (runner.health.snapshot()["slow"]["running_s"] or 0) > 5 * interval_s,
+                 30, "the second pass to outlast five slots")
+        slow.release.set()
+        wait_for(lambda: len(slots.ran) >= 3, 30, "the pass after the long one")
     finally:
-        hold.set()
+        slow.release.set()
         runner.stop(wait=True)
-    assert starts == [t0, t0 + 1.0, t0 + 5.0]
-    snap = runner.health.snapshot()["slow"]
-    assert snap["lag_s"] == 0.0 and snap["lag_max_s"] == 0.0
+    first, second, third = (scheduled for scheduled, _ in slots.ran[:3])
+    assert _grid_index(second, first, interval_s) == pytest.approx(1.0, abs=1e-3)
+    # The slots the long pass outlasted never ran (not queued, not run side by side): the
+    # next pass is on the grid, at least five slots on.
+    k = _grid_index(third, first, interval_s)
+    assert k == pytest.approx(round(k), abs=1e-3) and round(k) >= 1 + 5
+    assert runner.errors == 0
+
+
+def test_a_late_tick_runs_once_for_the_slots_it_missed_and_its_lateness_is_the_lag():
+    # The scheduler held back (paused) past two slots: the last of them runs on resuming, more
+    # than the old misfire_grace_time (1 s) late, never dropped and never followed by the other.
+    slow = Slow()
+    slow.ticks = 2    # no held pass: every tick is quick
+    interval_s = 2.0
+    runner = Runner([Scheduled(slow, interval_s)])
+    slots = Slots(runner, "slow")
+    runner.start()
+    try:
+        wait_for(lambda: len(slots.ran) >= 1, 30, "the first pass")
+        runner.scheduler.pause()
+        # Overdue against slot 1: slots 1 and 2 missed, slot 2 by more than a second.
+        wait_for(lambda: runner.health.snapshot()["slow"]["overdue_s"] > interval_s + 1.2, 30,
+                 "the loop to miss two slots")
+        resumed = datetime.now(timezone.utc)
+        runner.scheduler.resume()
+        wait_for(lambda: sum(started >= resumed for _, started in slots.ran) >= 2, 30,
+                 "two passes after the resume")
+    finally:
+        runner.stop(wait=True)
+    first = slots.ran[0][0]
+    after = [(scheduled, started) for scheduled, started in slots.ran if started >= resumed]
+    assert len(slots.ran) == 1 + len(after)    # nothing ran while held
+    (late_slot, late_start), (next_slot, _) = after[:2]
+    # One pass for the slots missed while held: the last of them, late by over a second ...
+    assert _grid_index(late_slot, first, interval_s) == pytest.approx(2.0, abs=1e-3)
+    lag_s = (late_start - late_slot).total_seconds()
+    assert lag_s > 1.0
+    assert runner.health.snapshot()["slow"]["lag_max_s"] == pytest.approx(lag_s, abs=1e-3)
+    # ... then the next slot of the grid, not the other missed one.
+    assert _grid_index(next_slot, first, interval_s) == pytest.approx(3.0, abs=1e-3)
+    assert runner.errors == 0
 
 
 # ---------------------------------------------------------------- the turns themselves

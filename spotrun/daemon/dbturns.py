@@ -1,9 +1,10 @@
 """The daemon's database transactions take turns, first come first served.
 
-Every loop runs on its own thread (spotrun.daemon.runner), so two loops may reach for the
-database at once. A connection checked out of the daemon's engine is held for one
-transaction (a session's work up to its commit, rollback or close), and only one thread holds
-one at a time; the others queue in arrival order. Two things follow:
+The loops run side by side, each on a worker of the runner's scheduler
+(spotrun.daemon.runner), so two loops may reach for the database at once. A connection checked
+out of the daemon's engine is held for one transaction (a session's work up to its commit,
+rollback or close), and only one thread holds one at a time; the others queue in arrival
+order. Two things follow:
 
 - a transaction that re-reads a row and then writes it (every state change in the loops does:
   `s.get`, the transition table, commit) is atomic against the other loops, on SQLite and on

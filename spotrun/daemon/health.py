@@ -1,12 +1,11 @@
-"""The daemon's own health: per-loop tick durations and lag, kept by the runner.
+"""The daemon's own health: per-loop tick durations and lag, as the runner observes them.
 
 Each tick's duration goes into a one-minute window (p50/p99, nearest rank) and into a
-cumulative histogram (Prometheus `spotrun_daemon_loop_seconds`). A tick's lag is how late it
-started against its slot. The slot is `due()`: the first time of the loop's interval grid
-(anchored at the runner's start) that is at or after the end of the loop's previous tick and
-after the slot that tick served; the runner starts each loop's next tick then (one thread per
-loop), so lag is what held a thread back (its turn at the database, the CPU). A loop whose own
-tick outlasts its interval skips the slots it missed (by design) and shows no lag for them.
+prometheus_client Histogram (`spotrun_daemon_loop_seconds`, cumulative since the start). The
+slots are the scheduler's (APScheduler, spotrun.daemon.runner), not this module's: a tick's lag is
+how late it started against the run time the scheduler ran it for, and a loop is overdue when
+the scheduler's next run time for it has passed without a start. Health only records what the
+runner tells it.
 
 The daemon writes a snapshot into the `meta` table (key `daemon_health`) from its own thread at
 most every PUBLISH_INTERVAL_S, where `spotrun daemon --check` and `/metrics` read it.
@@ -22,6 +21,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, Callable
 
+from prometheus_client import CollectorRegistry, Histogram
+
 from spotrun.clock import Clock, SystemClock
 
 WINDOW_S = 60.0
@@ -30,7 +31,6 @@ BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0
 HEALTH_KEY = "daemon_health"
 PUBLISH_INTERVAL_S = 5.0
 FIRST_PUBLISH_S = 1.0          # the first snapshot soon after start, so --check has figures
-_GRID_EPS_S = 1e-6
 
 
 def percentile(values: list[float], q: float) -> float | None:
@@ -44,102 +44,106 @@ def percentile(values: list[float], q: float) -> float | None:
 @dataclass
 class _Loop:
     interval_s: float
-    anchor: float | None = None                 # monotonic time of slot 0
-    window: deque = field(default_factory=deque)  # (end, duration_s, lag_s | None)
-    buckets: list[int] = field(default_factory=lambda: [0] * (len(BUCKETS_S) + 1))
-    sum_s: float = 0.0
-    count: int = 0
+    durations: deque = field(default_factory=deque)  # (end, duration_s)
+    lags: deque = field(default_factory=deque)       # (at, lag_s)
     errors: int = 0
     lag_s: float | None = None
     running_since: float | None = None
-    last_start: float | None = None
-    last_end: float | None = None
-
-    def due(self) -> float | None:
-        """The slot of the next tick: the first grid time at or after the last tick's end,
-        and past the slot that tick started in (a zero-length tick does not run twice)."""
-        if self.anchor is None:
-            return None
-        if self.last_end is None or self.interval_s <= 0:
-            return self.anchor if self.last_end is None else self.last_end
-        k = math.ceil((self.last_end - self.anchor) / self.interval_s - _GRID_EPS_S)
-        if self.last_start is not None:
-            served = math.floor((self.last_start - self.anchor) / self.interval_s + _GRID_EPS_S)
-            k = max(k, served + 1)
-        return self.anchor + max(k, 0) * self.interval_s
+    next_due: float | None = None                    # the scheduler's next run time
 
 
 class LoopHealth:
-    """Tick durations and lag per loop (thread-safe: the worker records, a publisher reads)."""
+    """Tick durations and lag per loop (thread-safe: the workers record, a publisher reads)."""
 
     def __init__(self, clock: Clock | None = None, window_s: float = WINDOW_S) -> None:
         self.clock = clock or SystemClock()
         self.window_s = window_s
         self._loops: dict[str, _Loop] = {}
         self._lock = threading.Lock()
+        # A registry of its own: the daemon's figures, never the process's default collectors.
+        self._seconds = Histogram("spotrun_daemon_loop_seconds", "Duration of loop ticks (s).",
+                                  ["loop"], buckets=BUCKETS_S, registry=CollectorRegistry())
 
-    def anchor(self, intervals: dict[str, float], at: float | None = None) -> None:
-        """Start each loop's slot grid now (the runner's start); figures so far are kept."""
-        at = self.clock.monotonic() if at is None else at
+    def track(self, intervals: dict[str, float]) -> None:
+        """The loops the runner schedules, with their intervals; figures so far are kept."""
         with self._lock:
             for name, interval_s in intervals.items():
-                st = self._loops.setdefault(name, _Loop(interval_s))
-                st.interval_s, st.anchor = interval_s, at
-                st.last_start = st.last_end = None
+                self._loop(name).interval_s = interval_s
 
-    def due(self, name: str) -> float | None:
-        """When name's next tick is due (monotonic; None before the grid is anchored)."""
-        with self._lock:
-            st = self._loops.get(name)
-            return None if st is None else st.due()
+    def _loop(self, name: str) -> _Loop:
+        st = self._loops.get(name)
+        if st is None:
+            st = self._loops[name] = _Loop(0.0)
+            self._seconds.labels(loop=name)   # a loop's histogram shows before its first tick
+        return st
 
     def begin(self, name: str) -> float:
-        """A tick of name starts: its start time (monotonic), its lag recorded."""
+        """A tick of name starts: its start time (monotonic)."""
         now = self.clock.monotonic()
         with self._lock:
-            st = self._loops.setdefault(name, _Loop(0.0))
-            due = st.due()
-            st.lag_s = None if due is None else max(0.0, now - due)
-            st.running_since = now
-            st.last_start = now
+            self._loop(name).running_since = now
         return now
 
     def end(self, name: str, started: float, *, failed: bool = False) -> float:
         """The tick of name that began at started has ended: its duration (seconds)."""
         now = self.clock.monotonic()
         took = max(0.0, now - started)
+        self._seconds.labels(loop=name).observe(took)
         with self._lock:
-            st = self._loops[name]
-            st.window.append((now, took, st.lag_s))
-            st.buckets[_bucket(took)] += 1
-            st.sum_s += took
-            st.count += 1
+            st = self._loop(name)
+            st.durations.append((now, took))
             st.errors += int(failed)
             st.running_since = None
-            st.last_end = now
             self._trim(st, now)
         return took
 
+    def lag(self, name: str, lag_s: float) -> None:
+        """A tick of name started lag_s after the slot the scheduler ran it for."""
+        now = self.clock.monotonic()
+        with self._lock:
+            st = self._loop(name)
+            st.lag_s = max(0.0, lag_s)
+            st.lags.append((now, st.lag_s))
+            self._trim(st, now)
+
+    def next_slot(self, name: str, in_s: float) -> None:
+        """The scheduler's next run of name is in_s seconds from now."""
+        with self._lock:
+            self._loop(name).next_due = self.clock.monotonic() + in_s
+
     def _trim(self, st: _Loop, now: float) -> None:
-        while st.window and st.window[0][0] < now - self.window_s:
-            st.window.popleft()
+        for window in (st.durations, st.lags):
+            while window and window[0][0] < now - self.window_s:
+                window.popleft()
+
+    def _histograms(self) -> dict[str, dict[str, Any]]:
+        """Per loop: the histogram's cumulative bucket counts, sum and count."""
+        out: dict[str, dict[str, Any]] = {}
+        for metric in self._seconds.collect():
+            for sample in metric.samples:
+                h = out.setdefault(sample.labels["loop"], {"le": list(BUCKETS_S),
+                                                           "cumulative": [], "sum_s": 0.0,
+                                                           "count": 0})
+                if sample.name.endswith("_bucket"):
+                    h["cumulative"].append(int(sample.value))
+                elif sample.name.endswith("_sum"):
+                    h["sum_s"] = _r(sample.value)
+                elif sample.name.endswith("_count"):
+                    h["count"] = int(sample.value)
+        return out
 
     def snapshot(self) -> dict[str, dict[str, Any]]:
         """Per loop: interval, ticks and p50/p99/max over the window, lag, histogram."""
         now = self.clock.monotonic()
         out: dict[str, dict[str, Any]] = {}
         with self._lock:
+            histograms = self._histograms()
             for name, st in self._loops.items():
                 self._trim(st, now)
-                took = [d for _, d, _ in st.window]
-                lags = [lag for _, _, lag in st.window if lag is not None]
-                due = st.due()
-                overdue = 0.0 if st.running_since is not None or due is None \
-                    else max(0.0, now - due)
-                cumulative, n = [], 0
-                for c in st.buckets:
-                    n += c
-                    cumulative.append(n)
+                took = [d for _, d in st.durations]
+                lags = [lag for _, lag in st.lags]
+                overdue = 0.0 if st.running_since is not None or st.next_due is None \
+                    else max(0.0, now - st.next_due)
                 out[name] = {
                     "interval_s": st.interval_s, "ticks": len(took),
                     "p50_s": _r(percentile(took, 0.50)), "p99_s": _r(percentile(took, 0.99)),
@@ -148,17 +152,8 @@ class LoopHealth:
                     "overdue_s": _r(overdue),
                     "running_s": _r(None if st.running_since is None
                                     else now - st.running_since),
-                    "errors": st.errors,
-                    "histogram": {"le": list(BUCKETS_S), "cumulative": cumulative,
-                                  "sum_s": _r(st.sum_s), "count": st.count}}
+                    "errors": st.errors, "histogram": histograms[name]}
         return out
-
-
-def _bucket(seconds: float) -> int:
-    for i, le in enumerate(BUCKETS_S):
-        if seconds <= le:
-            return i
-    return len(BUCKETS_S)
 
 
 def _r(v: float | None) -> float | None:

@@ -1,32 +1,43 @@
-"""The runner owns the loops: each loop's tick(now) runs on its own thread, on its interval.
+"""The runner owns the loops: APScheduler calls each loop's tick(now) on its interval.
 
-One thread per loop, so a long pass of one loop (a scheduling pass over a thousand queued
-jobs, a slow provider call) never holds another loop's pass back: heartbeats, reconcile and
-the notices keep their intervals whatever the scheduler does. The loops share the database by
-taking turns, one transaction at a time (spotrun.daemon.dbturns, installed on the daemon's
-engine by app.build_context), so a transaction that re-reads a row and writes it is atomic
-against the other loops. A loop that raises is logged and runs again at its next slot. Each
-loop's slots are its own interval grid, anchored at start: the first pass runs at once, a
-tick that outlasts its interval skips the slots it missed (one pass, never a burst), and a
-due tick always runs, however late (never dropped). Every tick's duration and lag go into
-`health` (spotrun.daemon.health), on the injected clock.
+One BackgroundScheduler, a thread pool with one worker per loop, and one job per loop on an
+IntervalTrigger anchored at start (the first pass runs at once). Its job defaults give the
+runner's guarantees:
+
+- max_instances=1 and a worker for every loop: a long pass of one loop (a scheduling pass over
+  a thousand queued jobs, a slow provider call) never holds another loop's pass back;
+- coalesce=True: a tick that outlasts its interval skips the slots it missed (one pass follows,
+  never a burst);
+- misfire_grace_time=None: a due tick always runs, however late (never dropped).
+
+The loops share the database by taking turns, one transaction at a time
+(spotrun.daemon.dbturns, installed on the daemon's engine by app.build_context), so a
+transaction that re-reads a row and writes it is atomic against the other loops. A loop that
+raises is logged and runs again at its next slot. Every tick's duration goes into `health`
+(spotrun.daemon.health) on the injected clock; its lag is the scheduler's, from the job event
+that carries the run time the tick was scheduled for. No loop needs a cron trigger; one could
+be added to `scheduler` the same way.
 """
 
 from __future__ import annotations
 
+import logging
 import signal
 import threading
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from typing import Any, Protocol
 
 import structlog
+from apscheduler.events import (EVENT_JOB_EXECUTED, EVENT_JOB_MAX_INSTANCES, EVENT_JOB_SUBMITTED,
+                                JobExecutionEvent, JobSubmissionEvent)
+from apscheduler.executors.pool import ThreadPoolExecutor
+from apscheduler.schedulers.background import BackgroundScheduler
+from apscheduler.triggers.interval import IntervalTrigger
 
 from spotrun.daemon.context import Clock, SystemClock
 from spotrun.daemon.dbturns import waited_s
 from spotrun.daemon.health import LoopHealth
-
-# A waiting loop looks at its clock at least this often (a test's ManualClock moves by hand).
-MAX_WAIT_S = 1.0
 
 
 class Loop(Protocol):
@@ -55,18 +66,25 @@ class Runner:
         self.clock = clock or SystemClock()
         self.health = health or LoopHealth(self.clock)
         self.log = structlog.get_logger("spotrun.daemon.runner")
+        # Made here, started by start(): its listeners (and a test's) see the first tick.
+        self.scheduler = BackgroundScheduler(
+            executors={"default": ThreadPoolExecutor(max_workers=max(1, len(loops)))},
+            job_defaults={"coalesce": True, "max_instances": 1, "misfire_grace_time": None},
+            timezone=timezone.utc)
+        self.scheduler.add_listener(self._on_executed, EVENT_JOB_EXECUTED)
+        self.scheduler.add_listener(self._on_scheduled,
+                                    EVENT_JOB_SUBMITTED | EVENT_JOB_MAX_INSTANCES)
         self._stop = threading.Event()
-        self._wake = threading.Condition()
-        self._threads: list[threading.Thread] = []
         self.reload_requested = threading.Event()
         self.errors = 0
         self._errors_lock = threading.Lock()
 
-    def run_tick(self, item: Scheduled, *, after_stop: bool = False) -> None:
+    def run_tick(self, item: Scheduled, *, after_stop: bool = False) -> bool:
         """One tick of item's loop, timed; an exception is logged and counted, not raised.
-        A stopped runner's threads tick no more; `run_once` still does (`after_stop`)."""
+        A stopped runner's scheduler ticks no more; `run_once` still does (`after_stop`).
+        Whether it ran."""
         if self._stop.is_set() and not after_stop:
-            return
+            return False
         loop = item.loop
         started = self.health.begin(loop.name)
         waited = waited_s()
@@ -85,10 +103,7 @@ class Runner:
                 self.log.warning("loop_slow", loop=loop.name, took_s=round(took, 3),
                                  interval_s=item.interval_s,
                                  db_wait_s=round(waited_s() - waited, 3))
-
-    def anchor(self) -> None:
-        """Start every loop's slot grid now (lag is measured against it)."""
-        self.health.anchor({item.loop.name: item.interval_s for item in self.loops})
+        return True
 
     def run_once(self) -> None:
         """Run every loop once, in order, on the calling thread (also after stop: a last
@@ -97,49 +112,51 @@ class Runner:
             self.run_tick(item, after_stop=True)
 
     def start(self) -> None:
-        """Start the loops in the background: one thread each, first pass at once."""
-        if self._threads:
+        """Start the loops in the background: first pass at once, then on their intervals."""
+        if self.scheduler.running or self._stop.is_set():
             return
-        self.anchor()
+        # A slot skipped while the loop's previous tick still runs is by design, and each tick
+        # is in the health figures: the scheduler's own lines would only repeat them.
+        logging.getLogger("apscheduler.scheduler").setLevel(logging.ERROR)
+        logging.getLogger("apscheduler.executors").setLevel(logging.WARNING)
+        self.health.track({item.loop.name: item.interval_s for item in self.loops})
+        anchor = datetime.now(timezone.utc)   # every loop's slot grid starts here
         for item in self.loops:
-            thread = threading.Thread(target=self._work, args=(item,), daemon=True,
-                                      name=f"spotrun-loop-{item.loop.name}")
-            self._threads.append(thread)
-        for thread in self._threads:
-            thread.start()
+            self.scheduler.add_job(
+                self._fire, IntervalTrigger(seconds=item.interval_s, start_date=anchor,
+                                            timezone=timezone.utc),
+                args=[item], id=item.loop.name, name=item.loop.name, next_run_time=anchor)
+        self.scheduler.start()
         self.log.info("daemon_started", loops=[i.loop.name for i in self.loops])
 
-    def _work(self, item: Scheduled) -> None:
-        """One loop's thread: tick at each due slot until stopped."""
-        name = item.loop.name
-        while True:
-            with self._wake:
-                if self._stop.is_set():
-                    return
-                due = self.health.due(name)
-                if due is None:   # a health swapped in after start: this loop's grid starts now
-                    self.health.anchor({name: item.interval_s})
-                    continue
-                wait_s = due - self.clock.monotonic()
-                if wait_s > 0:
-                    self._wake.wait(min(wait_s, MAX_WAIT_S))
-                    continue
-            self.run_tick(item)
+    def _fire(self, item: Scheduled) -> datetime | None:
+        """The scheduler's job for item: one tick; when it started (for its lag), None if the
+        runner was stopped."""
+        # The pool's threads serve any loop: named for the loop of the tick they run, so a
+        # database turn held too long names it (spotrun.daemon.dbturns).
+        threading.current_thread().name = f"spotrun-loop-{item.loop.name}"
+        started_at = datetime.now(timezone.utc)
+        return started_at if self.run_tick(item) else None
 
-    def wake(self) -> None:
-        """Make waiting loops look at the clock now (after a test moved its clock)."""
-        with self._wake:
-            self._wake.notify_all()
+    def _on_executed(self, event: JobExecutionEvent) -> None:
+        """A tick ended: how late it started against the run time it was scheduled for."""
+        if event.retval is not None:
+            self.health.lag(event.job_id,
+                            (event.retval - event.scheduled_run_time).total_seconds())
+
+    def _on_scheduled(self, event: JobSubmissionEvent) -> None:
+        """The scheduler moved a loop's next run time on (a tick submitted, or a slot skipped
+        while the loop's tick still runs): health shows a loop overdue past it."""
+        job = self.scheduler.get_job(event.job_id)
+        if job is not None and job.next_run_time is not None:
+            self.health.next_slot(event.job_id, (job.next_run_time
+                                                 - datetime.now(timezone.utc)).total_seconds())
 
     def stop(self, wait: bool = True) -> None:
         """Stop scheduling; ticks in progress finish first when wait is True."""
         self._stop.set()
-        self.wake()
-        threads, self._threads = self._threads, []
-        if wait:
-            for thread in threads:
-                thread.join()
-        if threads:
+        if self.scheduler.running:
+            self.scheduler.shutdown(wait=wait)
             self.log.info("daemon_stopped")
 
     def serve_forever(self) -> None:

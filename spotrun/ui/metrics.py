@@ -1,5 +1,9 @@
 """`/metrics`: Prometheus text exposition (format 0.0.4) of jobs, spend, savings, reclaims.
 
+Each scrape builds its metric families from the views and renders them with prometheus_client
+(a registry of its own per scrape, generate_latest), so names, escaping and number formats are
+the library's.
+
 Read from the same views as the CLI (`status_view`, `audit_view` without the hindsight
 model, which is too slow for a scrape). Spend is on the ledger (USD); checkpoint age is
 wall-clock seconds since the newest complete checkpoint of each running job was written.
@@ -10,7 +14,10 @@ The daemon's own loops (tick durations, lag) come from the record the daemon wri
 from __future__ import annotations
 
 from datetime import datetime, timezone
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily, Metric
 
 from spotrun.audit.reclaims import PARTS, ResumeStats, quantile
 from spotrun.states import JobState
@@ -18,20 +25,15 @@ from spotrun.states import JobState
 ACTIVE = {"queued", "starting", "running", "recovering", "cancelling"}
 
 
-def _esc(v: str) -> str:
-    return v.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+class _Scrape:
+    """A collector of the families built for one scrape (the figures are read per request)."""
 
+    def __init__(self, families: list[Metric]) -> None:
+        self.families = families
 
-class _Out:
-    def __init__(self) -> None:
-        self.lines: list[str] = []
-
-    def family(self, name: str, kind: str, help_text: str) -> None:
-        self.lines += [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}"]
-
-    def sample(self, name: str, value: float, **labels: str) -> None:
-        lab = ",".join(f'{k}="{_esc(str(v))}"' for k, v in labels.items())
-        self.lines.append(f"{name}{{{lab}}} {value!r}" if lab else f"{name} {value!r}")
+    def collect(self) -> Iterable[Metric]:
+        """The families, as prometheus_client's registry asks for them."""
+        return iter(self.families)
 
 
 def checkpoint_age_s(store: Any, now: datetime | None = None) -> float | None:
@@ -51,80 +53,95 @@ def render_metrics(status: list[dict], audits: list[dict],
                    store_for: Callable[[str], Any] | None = None, *,
                    loops: dict[str, dict] | None = None) -> str:
     """The exposition text from the status and audit JSON views (and the daemon's loops)."""
-    out = _Out()
-    out.family("spotrun_jobs", "gauge", "Jobs by state.")
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_Scrape([*_job_families(status, audits, store_for),
+                               _resume_family(audits), *_loop_families(loops or {})]))
+    return generate_latest(registry).decode()
+
+
+def _gauge(name: str, help_text: str, labels: tuple[str, ...] = (),
+           samples: Iterable[tuple[tuple[str, ...], float]] = ()) -> GaugeMetricFamily:
+    g = GaugeMetricFamily(name, help_text, labels=list(labels))
+    for values, v in samples:
+        g.add_metric(list(values), float(v))
+    return g
+
+
+def _job_families(status: list[dict], audits: list[dict],
+                  store_for: Callable[[str], Any] | None) -> list[Metric]:
+    """Jobs by state, spend, baseline and saving, reclaims, checkpoint age."""
     by_state = {s.value: 0 for s in JobState}
     for j in status:
         by_state[j["state"]] = by_state.get(j["state"], 0) + 1
-    for state, n in sorted(by_state.items()):
-        out.sample("spotrun_jobs", n, state=state)
     audit_by_id = {a["id"]: a for a in audits}
-    out.family("spotrun_job_spend_usd", "gauge", "Ledger spend of a job (USD).")
-    for a in audits:
-        out.sample("spotrun_job_spend_usd", a["actual_usd"], job=a["id"])
-    out.family("spotrun_job_baseline_on_demand_usd", "gauge",
-               "On-demand cost of the same progress (USD).")
-    for a in audits:
-        out.sample("spotrun_job_baseline_on_demand_usd", a["baseline_on_demand_usd"], job=a["id"])
-    out.family("spotrun_job_saved_usd", "gauge", "Baseline minus spend (USD).")
-    for a in audits:
-        out.sample("spotrun_job_saved_usd", a["saved_usd"], job=a["id"])
-    out.family("spotrun_spend_usd", "gauge", "Ledger spend of all jobs (USD).")
-    out.sample("spotrun_spend_usd", sum(a["actual_usd"] for a in audits))
-    out.family("spotrun_saved_usd", "gauge", "Saving against on-demand over all jobs (USD).")
-    out.sample("spotrun_saved_usd", sum(a["saved_usd"] for a in audits))
-    out.family("spotrun_job_reclaims", "gauge", "Spot reclaims of a job so far.")
-    for j in status:
-        out.sample("spotrun_job_reclaims", j["reclaims"], job=j["id"])
-    out.family("spotrun_reclaims", "gauge", "Spot reclaims over all jobs.")
-    out.sample("spotrun_reclaims", sum(j["reclaims"] for j in status))
-    out.family("spotrun_job_checkpoint_age_wall_seconds", "gauge",
-               "Wall seconds since the newest complete checkpoint of a running job.")
+    ages = []
     if store_for is not None:
         for j in status:
             if j["state"] in ACTIVE and j["id"] in audit_by_id:
                 age = checkpoint_age_s(store_for(j["checkpoint_uri"]))
                 if age is not None:
-                    out.sample("spotrun_job_checkpoint_age_wall_seconds", age, job=j["id"])
-    _resume_family(out, audits)
-    _loop_families(out, loops or {})
-    return "\n".join(out.lines) + "\n"
+                    ages.append(((j["id"],), age))
+
+    def per_job(key: str) -> list[tuple[tuple[str, ...], float]]:
+        return [((a["id"],), a[key]) for a in audits]
+    return [
+        _gauge("spotrun_jobs", "Jobs by state.", ("state",),
+               [((state,), n) for state, n in sorted(by_state.items())]),
+        _gauge("spotrun_job_spend_usd", "Ledger spend of a job (USD).", ("job",),
+               per_job("actual_usd")),
+        _gauge("spotrun_job_baseline_on_demand_usd", "On-demand cost of the same progress (USD).",
+               ("job",), per_job("baseline_on_demand_usd")),
+        _gauge("spotrun_job_saved_usd", "Baseline minus spend (USD).", ("job",),
+               per_job("saved_usd")),
+        _gauge("spotrun_spend_usd", "Ledger spend of all jobs (USD).",
+               samples=[((), sum(a["actual_usd"] for a in audits))]),
+        _gauge("spotrun_saved_usd", "Saving against on-demand over all jobs (USD).",
+               samples=[((), sum(a["saved_usd"] for a in audits))]),
+        _gauge("spotrun_job_reclaims", "Spot reclaims of a job so far.", ("job",),
+               [((j["id"],), j["reclaims"]) for j in status]),
+        _gauge("spotrun_reclaims", "Spot reclaims over all jobs.",
+               samples=[((), sum(j["reclaims"] for j in status))]),
+        _gauge("spotrun_job_checkpoint_age_wall_seconds",
+               "Wall seconds since the newest complete checkpoint of a running job.", ("job",),
+               ages)]
 
 
-def _resume_family(out: _Out, audits: list[dict]) -> None:
+def _resume_family(audits: list[dict]) -> Metric:
     """spotrun_time_to_resume_seconds: p50 and p95 of each part over every reclaim."""
     stats = ResumeStats()
     for a in audits:
         for ttr in a.get("time_to_resume") or []:
             stats.add(ttr)
     name = "spotrun_time_to_resume_seconds"
-    out.family(name, "summary", "Provider-clock seconds from a spot reclaim to the next "
-               "attempt's first new step, by part (detection, waiting, launch, boot, restore, "
-               "first_step, total), over every reclaim of every job.")
+    # A summary with quantiles: prometheus_client's SummaryMetricFamily carries only _sum and
+    # _count, so the family is a plain Metric of type summary with its samples added.
+    family = Metric(name, "Provider-clock seconds from a spot reclaim to the next attempt's "
+                    "first new step, by part (detection, waiting, launch, boot, restore, "
+                    "first_step, total), over every reclaim of every job.", "summary")
     for part in PARTS + ("total_s",):
         xs = stats.samples.get(part, [])
         if not xs:
             continue
         label = part.removesuffix("_s")
         for q in (0.5, 0.95):
-            out.sample(name, float(quantile(xs, q) or 0.0), part=label, quantile=repr(q))
-        out.sample(f"{name}_sum", float(sum(xs)), part=label)
-        out.sample(f"{name}_count", len(xs), part=label)
+            family.add_sample(name, {"part": label, "quantile": repr(q)},
+                              float(quantile(xs, q) or 0.0))
+        family.add_sample(f"{name}_sum", {"part": label}, float(sum(xs)))
+        family.add_sample(f"{name}_count", {"part": label}, float(len(xs)))
+    return family
 
 
-def _loop_families(out: _Out, loops: dict[str, dict]) -> None:
+def _loop_families(loops: dict[str, dict]) -> list[Metric]:
     """spotrun_daemon_loop_seconds (histogram) and spotrun_daemon_loop_lag_seconds by loop."""
-    name = "spotrun_daemon_loop_seconds"
-    out.family(name, "histogram", "Duration of the daemon's loop ticks since it started (s).")
+    seconds = HistogramMetricFamily("spotrun_daemon_loop_seconds",
+                                    "Duration of the daemon's loop ticks since it started (s).",
+                                    labels=["loop"])
     for loop, f in sorted(loops.items()):
         h = f["histogram"]
-        for le, n in zip([*h["le"], None], h["cumulative"]):
-            out.sample(f"{name}_bucket", n, loop=loop,
-                       le="+Inf" if le is None else repr(float(le)))
-        out.sample(f"{name}_sum", float(h["sum_s"]), loop=loop)
-        out.sample(f"{name}_count", h["count"], loop=loop)
-    out.family("spotrun_daemon_loop_lag_seconds", "gauge",
-               "How late the loop's last tick started against its slot (s).")
-    for loop, f in sorted(loops.items()):
-        if f.get("lag_s") is not None:
-            out.sample("spotrun_daemon_loop_lag_seconds", float(f["lag_s"]), loop=loop)
+        bounds = [repr(float(le)) for le in h["le"]] + ["+Inf"]
+        seconds.add_metric([loop], list(zip(bounds, h["cumulative"])), float(h["sum_s"]))
+    lag = _gauge("spotrun_daemon_loop_lag_seconds",
+                 "How late the loop's last tick started against its slot (s).", ("loop",),
+                 [((loop,), f["lag_s"]) for loop, f in sorted(loops.items())
+                  if f.get("lag_s") is not None])
+    return [seconds, lag]
