@@ -88,14 +88,16 @@ def test_a_restore_over_the_network_shows_its_progress(kind, request, tmp_path, 
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.Linear(128, 8))
     opt = torch.optim.Adam(model.parameters())
-    ckpt = Checkpointer(model=model, optimizer=opt, store=store, env={}, install_signal=False,
-                        shard_bytes=8 * 1024)
+    ckpt = Checkpointer(model=model, optimizer=opt, store=store,
+                        runtime=RuntimeOptions(env={}, install_signal=False),
+                        save=SaveOptions(shard_bytes=8 * 1024))
     ckpt.save(5, wait=True)
     ckpt.close()
     # Every restore is "long" here, and off a terminal: each progress call is a log line.
     monkeypatch.setattr(progress_mod, "TransferProgress", lambda what: TransferProgress(
         what, after_s=0.0, every_s=0.0, console=Console(file=io.StringIO())))
-    again = Checkpointer(model=model, optimizer=opt, store=store, env={}, install_signal=False)
+    again = Checkpointer(model=model, optimizer=opt, store=store,
+                         runtime=RuntimeOptions(env={}, install_signal=False))
     with capture_logs() as logs:
         assert again.restore() == 5
     again.close()
