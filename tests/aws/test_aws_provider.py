@@ -223,3 +223,21 @@ def test_launch_without_ami_is_a_config_error(tmp_path):
 
 def test_systemd_unit_matches_the_one_in_user_data():
     assert (REPO / "systemd" / "spotrun-agent.service").read_text() == AGENT_UNIT
+
+
+def test_describe_reads_every_page(provider, moto, ec2, monkeypatch):
+    # Five reservations a page (EC2's least): seven managed instances take two pages.
+    import spotrun.providers.aws.provider as aws_provider
+    monkeypatch.setattr(aws_provider, "DESCRIBE_PAGE_SIZE", 5)
+    ami = provider.cfg.ami_id
+    for k in range(7):
+        ec2.run_instances(ImageId=ami, InstanceType="g5.xlarge", MinCount=1, MaxCount=1,
+                          TagSpecifications=[{"ResourceType": "instance", "Tags": [
+                              {"Key": "spotrun:managed", "Value": "true"},
+                              {"Key": TAG_JOB, "Value": "job-pages"},
+                              {"Key": TAG_ATTEMPT, "Value": str(k)}]}])
+    found = provider.describe(job_id="job-pages")
+    assert sorted(i.tags[TAG_ATTEMPT] for i in found) == [str(k) for k in range(7)]
+    calls = moto.layer.calls("DescribeInstances")
+    assert len(calls) == 2 and calls[0].params["MaxResults"] == "5"
+    assert calls[1].params["NextToken"]

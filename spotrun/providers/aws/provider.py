@@ -43,6 +43,7 @@ _RECLAIM_REQUEST_CODES = ("instance-terminated-by-price", "instance-terminated-n
                           "instance-terminated-by-experiment")
 _REASON_TIME = re.compile(r"\((\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2}) (?:GMT|UTC)\)")
 _NOT_FOUND = ("InvalidInstanceID.NotFound", "InvalidInstanceID.Malformed")
+DESCRIBE_PAGE_SIZE = 500     # reservations per DescribeInstances page (EC2 allows 5 to 1000)
 
 
 def _utcnow() -> datetime:
@@ -73,7 +74,7 @@ class AwsProvider(GroupActs):
         self.capacity_failures: list[CapacityFailure] = []
         self._zones: list[str] | None = sorted(launch.subnets) or None
         self._first_seen_ended: dict[str, datetime] = {}
-        self.risk = AwsRisk(call=self._call, region=region, advisor=advisor,
+        self.risk = AwsRisk(call=self._call, pages=self._pages, region=region, advisor=advisor,
                             placement=placement_scores, clock=lambda: self.clock().timestamp())
 
     @classmethod
@@ -96,6 +97,10 @@ class AwsProvider(GroupActs):
 
     def _call(self, method: str, **kw: Any) -> Any:
         return getattr(self.ec2, method)(**kw)   # botocore retries with self.retry
+
+    def _pages(self, method: str, **kw: Any) -> Any:
+        """Every response page of one EC2 call (its boto3 paginator; retried as _call is)."""
+        return self.ec2.get_paginator(method).paginate(**kw)
 
     # ------------------------------------------------------------ basics
 
@@ -273,21 +278,13 @@ class AwsProvider(GroupActs):
         return self._describe_filters(filters)
 
     def _describe_filters(self, filters: list[dict[str, Any]]) -> list[InstanceInfo]:
-        raw: list[dict[str, Any]] = []
-        token = ""
-        while True:
-            kw: dict[str, Any] = {"Filters": filters, "MaxResults": 500}
-            if token:
-                kw["NextToken"] = token
-            try:
-                resp = self._call("describe_instances", **kw)
-            except Exception as exc:
-                raise ec2_error(exc, "describe_instances") from None
-            for r in resp.get("Reservations", []):
-                raw.extend(r.get("Instances", []))
-            token = resp.get("NextToken") or ""
-            if not token:
-                break
+        try:
+            pages = self._pages("describe_instances", Filters=filters,
+                                PaginationConfig={"PageSize": DESCRIBE_PAGE_SIZE})
+            raw = [i for page in pages for r in page.get("Reservations", [])
+                   for i in r.get("Instances", [])]
+        except Exception as exc:
+            raise ec2_error(exc, "describe_instances") from None
         reclaimed = self._reclaimed_by_request(raw)
         return sorted((self._info(i, reclaimed) for i in raw), key=lambda x: x.launched_at)
 
