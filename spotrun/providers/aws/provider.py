@@ -25,6 +25,7 @@ from spotrun.providers.aws.risk import AdvisorFeed, AwsRisk
 from spotrun.providers.capacity import CapacityFailure, pools_cooling, record_capacity
 from spotrun.providers.base import (TAG_JOB, TAG_MANAGED, InstanceInfo, LaunchPlan,
                                     LaunchRequest, PricePoint)
+from spotrun.providers.pricing import Pricing
 from spotrun.states import InstanceState, Market, TerminationCause
 
 log = logging.getLogger(__name__)
@@ -50,8 +51,9 @@ def _utcnow() -> datetime:
     return datetime.now(timezone.utc)
 
 
-class AwsProvider(GroupActs):
-    """EC2 behind the Provider interface (group launch and interrupt: aws_group.GroupActs)."""
+class AwsProvider(Pricing, GroupActs):
+    """EC2 behind the Provider interface (group launch and interrupt: aws_group.GroupActs;
+    on-demand prices and price history: pricing.Pricing)."""
 
     name = "aws"
 
@@ -137,15 +139,7 @@ class AwsProvider(GroupActs):
         """None: EC2 prices move when they move; the policy's own interval applies."""
         return None
 
-    def on_demand_price(self, instance_type: str) -> float:
-        """Catalog on-demand USD/h in this region."""
-        price = self.catalog.get(instance_type).on_demand_price(self.region)
-        if price is None:
-            raise ConfigError("no on-demand price in the catalog", field="instance_type",
-                              value=instance_type)
-        return price
-
-    def price_history(self, instance_type: str, zones: list[str], start: datetime,
+    def _price_points(self, instance_type: str, zones: list[str], start: datetime,
                       end: datetime) -> list[PricePoint]:
         """Change points from describe_spot_price_history (every page)."""
         return self.prices.history(instance_type, zones, start, end)
