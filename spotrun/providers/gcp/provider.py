@@ -65,6 +65,9 @@ class GcpProvider(Pricing, GroupActs):
     on-demand prices and price history: pricing.Pricing)."""
 
     name = "gcp"
+    # What plan and dry-run say the prices are: GCP has no live spot price feed, so the
+    # daemon decides on the catalog's price list as well (prices.py).
+    snapshot_source = "catalog prices (GCP's Spot price list in gcp.yaml; GCP has no live feed)"
 
     def __init__(self, *, clients: Clients, launch: LaunchConfig, zones: list[str],
                  catalog: Catalog | None = None, clock: Callable[[], datetime] = _utcnow,
