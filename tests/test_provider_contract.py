@@ -22,7 +22,7 @@ from gcp.gce_fixtures import gce, gcp_settings  # noqa: F401
 from polling import wait_for
 
 from spotrun.aws_clients import make_client
-from spotrun.errors import CapacityError, ConfigError
+from spotrun.errors import CapacityError
 from spotrun.providers import InstanceInfo, LaunchRequest, Pool, Provider
 from spotrun.providers.aws.provider import AwsProvider
 from spotrun.providers.base import TAG_NODE, Interruption
@@ -288,6 +288,7 @@ def test_interrupt_reclaims_after_the_notice(harness: Harness) -> None:
 def test_a_type_the_catalog_does_not_price_is_bad_input_on_every_provider(
         harness: Harness) -> None:
     # One implementation serves every provider (spotrun/providers/pricing.py).
+    from spotrun.errors import ConfigError
     with pytest.raises(ConfigError) as err:
         harness.provider.on_demand_price("no-such-type.xlarge")
     assert err.value.field == "instance_type" and err.value.exit_code == 2

@@ -21,8 +21,8 @@ from spotrun.providers.local.market.clock import (CLOCK_FILE, MarketClock, Syste
 from spotrun.providers.local.market.options import MarketOptions
 from spotrun.providers.base import (TAG_ATTEMPT, TAG_JOB, TAG_MANAGED, TAG_NODE, InstanceInfo,
                                     Interruption, LaunchPlan, LaunchRequest, Pool, PricePoint)
-from spotrun.providers.pricing import Pricing
 from spotrun.states import InstanceState, Market, TerminationCause
+from spotrun.providers.pricing import Pricing
 
 T = TypeVar("T")
 LOCAL_IP = "127.0.0.1"   # every local instance is a process group on this machine
