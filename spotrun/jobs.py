@@ -22,7 +22,7 @@ from spotrun.errors import BadInputError, NotFoundError, SpotrunError
 from spotrun.spec import JobSpec, load_spec_file
 from spotrun.states import JobState, move_job
 from spotrun.store import ProgressFn, open_store
-from spotrun.zones import known_zones
+from spotrun.zones import catalog_label, known_zones
 
 
 @dataclass(frozen=True)
@@ -46,7 +46,8 @@ def validate_submission(path: str | Path, settings: Settings, *,
     owner = submit_owner(settings, owner)
     catalog = catalog_for(settings)
     zones = known_zones(settings)
-    spec = load_spec_file(path, instance_types=catalog.names(), zones=zones)
+    spec = load_spec_file(path, instance_types=catalog.names(), zones=zones,
+                          catalog=catalog_label(settings))
     warnings = refuse_never_runs(spec, settings, catalog, zones)
     job_id = new_job_id(spec.name)
     store_uri = settings.store_url

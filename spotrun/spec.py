@@ -6,6 +6,7 @@ dataclasses are the stored form too: `to_dict` writes it, `spec_from_dict` reads
 
 from __future__ import annotations
 
+import difflib
 import re
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta, timezone
@@ -34,21 +35,40 @@ _STRICT = ConfigDict(extra="forbid")
 
 # ---------------------------------------------------------------- validators
 
-def _known(kind: str, message: Callable[[str, set[str]], str]) -> AfterValidator:
-    """A name that must be in the submit-time context's set (no context: a stored spec)."""
+def _known(kind: str, message: Callable[[str, Any, Any], str]) -> AfterValidator:
+    """A name that must be in the submit-time context's set (no context: a stored spec).
+
+    message(value, allowed, context) says what is wrong and what is allowed.
+    """
     def check(value: str, info: ValidationInfo) -> str:
         allowed = (info.context or {}).get(kind)
         if allowed is not None and value not in allowed:
-            raise fail(message(value, allowed))
+            raise fail(message(value, allowed, info.context))
         return value
     return AfterValidator(check)
 
 
-_CATALOG_TYPE = _known("types", lambda v, types: (
-    f"unknown instance type {v!r}; allowed: a catalog type such as "
-    f"{', '.join(sorted(types)[:4])}, ..."))
-_ZONE = _known("zones", lambda v, zones: f"unknown zone {v!r}; allowed: {', '.join(sorted(zones))}")
-_REFERENCE = _known("types", lambda v, types: "must be an instance type in the catalog")
+def _not_in_catalog(value: str, types: Iterable[str], context: dict[str, Any]) -> str:
+    """An unknown type's message: the catalog in use, and the closest names or a few."""
+    names = list(types)
+    close = difflib.get_close_matches(value, names, n=3, cutoff=0.6)
+    if close:
+        some = "closest: " + ", ".join(close)
+    else:
+        # One of each family (a2-, g2-, p4d., ...), in catalog order: the smallest first.
+        family: dict[str, str] = {}
+        for name in names:
+            family.setdefault(re.split(r"[.-]", name, maxsplit=1)[0], name)
+        some = "e.g. " + ", ".join(list(family.values())[:5])
+    catalog = context.get("catalog") or "the catalog"
+    return (f"unknown instance type {value!r}: not in {catalog}; allowed: one of its "
+            f"{len(names)} types, {some}")
+
+
+_CATALOG_TYPE = _known("types", _not_in_catalog)
+_ZONE = _known("zones", lambda v, zones, _: (
+    f"unknown zone {v!r}; allowed: {', '.join(sorted(zones))}"))
+_REFERENCE = _known("types", _not_in_catalog)
 
 
 def _workdir(value: str, info: ValidationInfo) -> str:
@@ -374,8 +394,8 @@ def spec_from_dict(d: dict[str, Any]) -> JobSpec:
 # ---------------------------------------------------------------- loading
 
 def load_spec_file(path: str | Path, *, instance_types: Iterable[str], zones: Iterable[str],
-                   now: datetime | None = None) -> JobSpec:
-    """Read and validate a YAML job spec file."""
+                   now: datetime | None = None, catalog: str = "") -> JobSpec:
+    """Read and validate a YAML job spec file (catalog: how errors name the types' catalog)."""
     p = Path(path)
     try:
         data = p.read_bytes()
@@ -392,17 +412,22 @@ def load_spec_file(path: str | Path, *, instance_types: Iterable[str], zones: It
         where = f" at line {mark.line + 1}" if mark else ""
         raise SpecError(f"not valid YAML{where}", field="file", value=str(p)) from None
     return parse_spec(raw, base_dir=p.resolve().parent, instance_types=instance_types,
-                      zones=zones, now=now)
+                      zones=zones, now=now, catalog=catalog)
 
 
 def parse_spec(raw: Any, *, base_dir: Path, instance_types: Iterable[str], zones: Iterable[str],
-               now: datetime | None = None) -> JobSpec:
-    """Validate a decoded spec mapping; raises SpecError naming the field."""
+               now: datetime | None = None, catalog: str = "") -> JobSpec:
+    """Validate a decoded spec mapping; raises SpecError naming the field.
+
+    catalog: how an unknown type's error names the catalog instance_types come from
+    (e.g. "the gcp provider's catalog (gcp.yaml)"); "" says "the catalog".
+    """
     if raw is None:
         raise SpecError("the file is empty; allowed: a mapping with name and command",
                         field="spec")
     if not isinstance(raw, dict):
         raise SpecError(f"must be a mapping, got {type(raw).__name__}", field="spec")
-    context = {"base_dir": base_dir, "types": set(instance_types), "zones": set(zones),
-               "now": now or datetime.now(timezone.utc)}
+    # Types keep the catalog's order (an error names a few, the smallest of each family).
+    context = {"base_dir": base_dir, "types": dict.fromkeys(instance_types), "zones": set(zones),
+               "now": now or datetime.now(timezone.utc), "catalog": catalog}
     return validate(JobSpec, raw, SpecError, context=context, redact=("secrets",))

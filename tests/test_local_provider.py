@@ -13,7 +13,7 @@ from conftest import kill_leftovers, write_prices, write_trace
 from polling import wait_for
 
 from spotrun.config import load_settings
-from spotrun.errors import CapacityError, ProviderError
+from spotrun.errors import CapacityError, ConfigError, ProviderError
 from spotrun.providers.local.market.client import MarketClient, read_live_info, stop_market
 from spotrun.providers.local.market.clock import ManualClock
 from spotrun.providers import LaunchRequest, Pool, make_provider
@@ -90,7 +90,7 @@ def test_market_view_and_prices(provider: LocalProvider) -> None:
     assert provider.spot_price("p3.2xlarge", "zb") == 1.2
     assert provider.spot_price("p3.2xlarge", "nowhere") is None
     assert provider.on_demand_price("p3.2xlarge") == 3.06
-    with pytest.raises(ProviderError):
+    with pytest.raises(ConfigError):      # as on every provider (providers/pricing.py)
         provider.on_demand_price("p5e.48xlarge")
     every = provider.market_view()
     assert len(every) == 2 * 21 and all(v.on_demand_price_usd_per_hour for v in every)

@@ -316,3 +316,12 @@ def test_interrupt_reclaims_after_the_notice(harness: Harness) -> None:
     done = wait_for(lambda: _one(harness, info.instance_id).state.is_terminal() and
                     _one(harness, info.instance_id), what="interrupted")
     assert done.cause is TerminationCause.SPOT_RECLAIM and done.ended_at is not None
+
+
+def test_a_type_the_catalog_does_not_price_is_bad_input_on_every_provider(
+        harness: Harness) -> None:
+    # One implementation serves every provider (spotrun/providers/pricing.py).
+    from spotrun.errors import ConfigError
+    with pytest.raises(ConfigError) as err:
+        harness.provider.on_demand_price("no-such-type.xlarge")
+    assert err.value.field == "instance_type" and err.value.exit_code == 2

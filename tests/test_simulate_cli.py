@@ -145,6 +145,28 @@ def test_bad_numbers(trace_files, args, flag):
     assert res.exit_code == 2 and flag in res.output
 
 
+@pytest.mark.parametrize("flag,value", [
+    ("--od-price", "x"), ("--od-price", "nan"), ("--od-price", "inf"), ("--od-price", "0"),
+    ("--work-hours", "-2"), ("--deadline-hours", "1e999"), ("--changeover-hours", "-0.1"),
+    ("--spot-price", "-1"), ("--starts", "0"), ("--starts", "2.5"), ("--seed", "-1"),
+    ("--seed", "x"), ("--nodes", "0"), ("--workers", "0"), ("--t0", "7.5"),
+])
+def test_a_bad_number_is_one_error_line_naming_the_flag(trace_files, tmp_path, flag, value):
+    # click parses the numbers: a bad one exits 2 before anything runs (a negative seed
+    # used to reach numpy and end in a traceback).
+    trace, prices = trace_files
+    out = tmp_path / "never.csv"
+    args = base_args(trace, prices)
+    if flag in args:
+        i = args.index(flag)
+        del args[i:i + 2]
+    res = invoke(*args, flag, value, "--decisions", str(out))
+    assert res.exit_code == 2, res.output
+    errors = [line for line in res.output.splitlines() if line.startswith("Error:")]
+    assert len(errors) == 1 and f"'{flag}'" in errors[0], res.output
+    assert "Traceback" not in res.output and not out.exists()
+
+
 def test_bad_trace_and_missing_price(tmp_path, trace_files):
     trace, _ = trace_files
     bad = tmp_path / "bad.csv"

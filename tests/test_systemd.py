@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -12,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from spotrun.daemon.lease import Lease
 from spotrun.db import open_db
@@ -22,6 +24,7 @@ from polling import wait_for
 
 REPO = Path(__file__).resolve().parent.parent
 UNITS = REPO / "systemd"
+AGENT_UNIT_FILE = REPO / "spotrun" / "data" / "systemd" / "spotrun-agent.service"
 SPOTRUN_BIN = Path(sys.executable).parent / "spotrun"
 
 
@@ -52,20 +55,40 @@ def test_daemon_unit_is_hardened():
     assert "AWS_ACCESS_KEY_ID" not in text and "AWS_SECRET_ACCESS_KEY" not in text
 
 
-@pytest.mark.parametrize("name", ["spotrun-daemon.service", "spotrun-agent.service"])
-def test_units_pass_systemd_analyze_verify(name: str, tmp_path: Path):
+@pytest.mark.parametrize("unit", [UNITS / "spotrun-daemon.service", AGENT_UNIT_FILE],
+                         ids=lambda p: p.name)
+def test_units_pass_systemd_analyze_verify(unit: Path, tmp_path: Path):
     tool = shutil.which("systemd-analyze")
     if tool is None:
         pytest.skip("systemd-analyze is not installed (apt-get install systemd)")
-    if not (UNITS / name).exists():
-        pytest.skip(f"{name} is not in this tree")
     # verify checks that ExecStart exists: point it at this environment's spotrun.
-    text = (UNITS / name).read_text().replace("/opt/spotrun/bin/spotrun", str(SPOTRUN_BIN))
-    (tmp_path / name).write_text(text)
-    out = subprocess.run([tool, "verify", str(tmp_path / name)], capture_output=True, text=True,
-                         timeout=60)
+    text = unit.read_text().replace("/opt/spotrun/bin/spotrun", str(SPOTRUN_BIN))
+    (tmp_path / unit.name).write_text(text)
+    out = subprocess.run([tool, "verify", str(tmp_path / unit.name)], capture_output=True,
+                         text=True, timeout=60)
     assert out.returncode == 0, out.stdout + out.stderr
-    assert name not in out.stderr, out.stderr
+    assert unit.name not in out.stderr, out.stderr
+
+
+def test_every_cloud_installs_the_one_agent_unit():
+    # One unit file, packaged; EC2 user data writes it and GCE's startup script cats it,
+    # both unchanged, both at the same path.
+    from spotrun.providers.agent_unit import AGENT_UNIT, UNIT_PATH
+    from spotrun.providers.aws.userdata import render_user_data
+    from spotrun.providers.gcp.startup import render_startup_script
+    packaged = AGENT_UNIT_FILE.read_text()
+    assert AGENT_UNIT == packaged
+    user_data = yaml.safe_load(render_user_data('{"job_id": "j"}'))
+    in_user_data = {f["path"]: f["content"] for f in user_data["write_files"]}[UNIT_PATH]
+    script = render_startup_script()
+    heredoc = re.search(rf"cat > {re.escape(UNIT_PATH)} <<'UNIT'\n(.*?)^UNIT$", script,
+                        re.S | re.M)
+    assert heredoc is not None, script
+    assert in_user_data == heredoc.group(1) == packaged
+    # Neither cloud's boot-script service orders it: that script starts it and waits for it.
+    after = [line for line in packaged.splitlines() if line.startswith("After=")]
+    assert after == ["After=network-online.target"]
+    assert not (UNITS / "spotrun-agent.service").exists()      # no second copy to drift
 
 
 def _check(home: Path) -> tuple[int, dict]:

@@ -43,11 +43,16 @@ def doctor(as_json: bool) -> None:
         if message:
             click.echo(message)
         else:
-            table = Table("check", "status", "detail", show_lines=False)
+            # The console's width (a pipe: COLUMNS, else 80): a long detail wraps in its
+            # column, never widening the table past it and never cut.
+            table = Table(show_lines=False)
+            table.add_column("check", no_wrap=True)
+            table.add_column("status", no_wrap=True)
+            table.add_column("detail", overflow="fold")
             style = {"ok": "green", "fix": "red", "unknown": "yellow"}
             for c in checks:
                 status = c.status.value
                 table.add_row(c.name, f"[{style.get(status, 'yellow')}]{status}[/]", c.detail)
-            Console(width=160).print(table)
+            Console().print(table)
     if db["status"] == "fix" or any(c.status.value == "fix" for c in checks):
         raise SystemExit(1)

@@ -16,7 +16,7 @@ from spotrun.decide import Candidate, Placement
 from spotrun.errors import BadInputError, SpotrunError
 from spotrun.spec import JobSpec, load_spec_file
 from spotrun.states import Market
-from spotrun.zones import known_zones
+from spotrun.zones import catalog_label, known_zones
 
 # Priority 0 is always shown; at a narrow width the highest numbers go first.
 COLUMNS = [
@@ -64,7 +64,8 @@ def plan(spec_files: tuple[str, ...], as_json: bool, zones_opt: tuple[str, ...],
     wanted = _zones(zones_opt, known)
     several = len(spec_files) > 1
     # Every spec is read before any is decided: a bad one anywhere prints nothing.
-    specs = [(path, _load(path, catalog, known, several)) for path in spec_files]
+    label = catalog_label(settings)
+    specs = [(path, _load(path, catalog, label, known, several)) for path in spec_files]
     planned: list[tuple[str, JobSpec, MarketView, Placement]] = []
     for path, spec in specs:
         view, placed = _decide(path, spec, settings, catalog,
@@ -83,9 +84,9 @@ def plan(spec_files: tuple[str, ...], as_json: bool, zones_opt: tuple[str, ...],
                total_steps=spec.work.total_steps, path=path if len(planned) > 1 else None)
 
 
-def _load(path: str, catalog: Catalog, known: list[str], several: bool) -> JobSpec:
+def _load(path: str, catalog: Catalog, label: str, known: list[str], several: bool) -> JobSpec:
     try:
-        return load_spec_file(path, instance_types=catalog.names(), zones=known)
+        return load_spec_file(path, instance_types=catalog.names(), zones=known, catalog=label)
     except SpotrunError as exc:
         raise _naming(exc, path, several) from exc
 

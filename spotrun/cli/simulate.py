@@ -22,30 +22,21 @@ from spotrun.traces import load_prices, load_trace
 KNOWN_POLICIES = [*ALL_POLICY_NAMES, *(n for n in POLICIES if n not in ALL_POLICY_NAMES)]
 
 
-def _number(flag: str, text: str | None, *, required: bool = False,
-            default: float | None = None) -> float | None:
-    """Parse a float flag; BadInputError names the flag."""
-    if text is None:
-        if required:
-            raise BadInputError("required", field=flag)
-        return default
-    try:
-        value = float(text)
-    except ValueError:
-        raise BadInputError("must be a number", field=flag, value=text) from None
-    if not math.isfinite(value):
-        raise BadInputError("must be a finite number", field=flag, value=text)
-    return value
+class Finite(click.FloatRange):
+    """A float in a range that is also finite (click's FloatRange lets nan and inf through)."""
+
+    name = "number"
+
+    def convert(self, value, param, ctx):  # type: ignore[no-untyped-def]
+        """The float, or click's usage error naming the option (exit 2)."""
+        number = super().convert(value, param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value!r} is not a finite number.", param, ctx)
+        return number
 
 
-def _integer(flag: str, text: str | None) -> int | None:
-    """Parse an integer flag; BadInputError names the flag."""
-    if text is None:
-        return None
-    try:
-        return int(text)
-    except ValueError:
-        raise BadInputError("must be an integer", field=flag, value=text) from None
+POSITIVE = Finite(min=0, min_open=True)
+NON_NEGATIVE = Finite(min=0)
 
 
 def _is_price_file(path: str) -> bool:
@@ -124,23 +115,34 @@ def _print_table(model: SimModel, summary: dict, elapsed_s: float) -> None:
 
 
 @click.command(help="What-if: replay a spot trace under scheduling policies.")
-@click.option("--trace", "trace_path", metavar="CSV", help="Availability trace (tick, time, pools).")
+@click.option("--trace", "trace_path", required=True, metavar="CSV",
+              help="Availability trace (tick, time, pools).")
 @click.option("--pool", "pools", multiple=True, metavar="COL",
               help="Trace column the job may use (repeat; default: all).")
 @click.option("--prices", "prices_path", metavar="CSV", help="Spot price change points.")
-@click.option("--spot-price", metavar="USD", help="Spot price per hour (no price file, or fallback).")
-@click.option("--od-price", metavar="USD", help="On-demand price per hour.")
-@click.option("--work-hours", metavar="W", help="Productive hours the job needs.")
-@click.option("--deadline-hours", metavar="D", help="Hours from start to deadline.")
-@click.option("--changeover-hours", metavar="H", help="Paid, unproductive time per launch [0.2].")
+@click.option("--spot-price", type=NON_NEGATIVE, metavar="USD",
+              help="Spot price per hour (no price file, or fallback).")
+@click.option("--od-price", type=POSITIVE, required=True, metavar="USD",
+              help="On-demand price per hour.")
+@click.option("--work-hours", type=POSITIVE, required=True, metavar="W",
+              help="Productive hours the job needs.")
+@click.option("--deadline-hours", type=POSITIVE, required=True, metavar="D",
+              help="Hours from start to deadline.")
+@click.option("--changeover-hours", type=NON_NEGATIVE, default=0.2, show_default=True,
+              metavar="H", help="Paid, unproductive time per launch.")
 @click.option("--policy", "policies", multiple=True, metavar="NAME",
               help=f"Policy to run (repeat; default: {', '.join(ALL_POLICY_NAMES)}; also "
                    f"{', '.join(n for n in POLICIES if n not in ALL_POLICY_NAMES)}).")
-@click.option("--starts", metavar="N", help="Random starts (seeded) [100].")
-@click.option("--seed", metavar="S", help="Seed for the starts [0].")
-@click.option("--t0", "t0", multiple=True, metavar="TICK", help="Start at this trace tick (repeat).")
-@click.option("--nodes", metavar="N", help="Instances the job needs at once [1].")
-@click.option("--workers", metavar="N", help="Processes to use [min(2, CPUs)].")
+@click.option("--starts", type=click.IntRange(min=1), metavar="N",
+              help="Random starts (seeded) [100].")
+@click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True, metavar="S",
+              help="Seed for the starts.")
+@click.option("--t0", "t0", type=int, multiple=True, metavar="TICK",
+              help="Start at this trace tick (repeat).")
+@click.option("--nodes", type=click.IntRange(min=1), default=1, show_default=True, metavar="N",
+              help="Instances the job needs at once.")
+@click.option("--workers", type=click.IntRange(min=1), metavar="N",
+              help="Processes to use [min(2, CPUs)].")
 @click.option("--decisions", "decisions_path", metavar="FILE.csv",
               help="Write run,policy,tick,mode,pool rows.")
 @click.argument("stray", nargs=-1, type=click.UNPROCESSED, metavar="")
@@ -151,22 +153,8 @@ def simulate(trace_path, pools, prices_path, spot_price, od_price, work_hours, d
     """Run the policies on the same starts and print mean costs and ratios."""
     if stray:
         raise _stray_error(trace_path, list(stray))
-    if not trace_path:
-        raise BadInputError("required", field="--trace")
-    od = _number("--od-price", od_price, required=True)
-    work = _number("--work-hours", work_hours, required=True)
-    deadline = _number("--deadline-hours", deadline_hours, required=True)
-    changeover = _number("--changeover-hours", changeover_hours, default=0.2)
-    spot = _number("--spot-price", spot_price)
-    n_starts = _integer("--starts", starts)
-    seed_v = _integer("--seed", seed) or 0
-    nodes_v = _integer("--nodes", nodes) or 1
-    workers_v = _integer("--workers", workers)
-    workers_v = min(2, os.cpu_count() or 1) if workers_v is None else workers_v
-    if workers_v < 1:
-        raise BadInputError("must be >= 1", field="--workers", value=workers_v)
-    t0_ticks = [_integer("--t0", x) for x in t0]
-    if t0_ticks and n_starts is not None:
+    workers = min(2, os.cpu_count() or 1) if workers is None else workers
+    if t0 and starts is not None:
         raise BadInputError("give --t0 or --starts, not both", field="--t0")
     names = list(dict.fromkeys(policies)) or list(ALL_POLICY_NAMES)
     for name in names:
@@ -187,12 +175,13 @@ def simulate(trace_path, pools, prices_path, spot_price, od_price, work_hours, d
     # A reclaim of the trace closes its pool as a notice does in the daemon: for the
     # configured provider's notice_quarantine_s (docs/cost-model.md, "Notice quarantine").
     quarantine_s = facts_for(get_settings()).notice_quarantine_s
-    model = build_model(trace, prices, spot_price_usd_per_hour=spot, od_price_usd_per_hour=od,
-                        work_hours=work, deadline_hours=deadline, changeover_hours=changeover,
-                        nodes=nodes_v, notice_quarantine_s=quarantine_s)
-    rows = pick_starts(model, starts=n_starts, seed=seed_v, t0=t0_ticks or None)
+    model = build_model(trace, prices, spot_price_usd_per_hour=spot_price,
+                        od_price_usd_per_hour=od_price, work_hours=work_hours,
+                        deadline_hours=deadline_hours, changeover_hours=changeover_hours,
+                        nodes=nodes, notice_quarantine_s=quarantine_s)
+    rows = pick_starts(model, starts=starts, seed=seed, t0=list(t0) or None)
     began = time.monotonic()
-    result = run_policies(model, rows, names, workers=workers_v, record=out_path is not None)
+    result = run_policies(model, rows, names, workers=workers, record=out_path is not None)
     elapsed = time.monotonic() - began
     if out_path is not None:
         write_decisions(out_path, result)

@@ -202,7 +202,6 @@ def test_agent_unit_restarts_only_abnormal_exits_and_verifies(tmp_path):
     assert unit["StateDirectory"] == "spotrun"
     assert unit["ExecStart"].endswith("--dir /var/lib/spotrun")
     assert "User" not in unit                   # root: the agent powers the instance off
-    assert (REPO / "systemd" / "spotrun-agent.service").read_text() == AGENT_UNIT
     tool = shutil.which("systemd-analyze")
     if tool is None:
         pytest.skip("systemd-analyze is not installed")

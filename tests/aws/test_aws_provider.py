@@ -5,7 +5,6 @@ from __future__ import annotations
 import base64
 import dataclasses
 import json
-from pathlib import Path
 
 import pytest
 
@@ -14,13 +13,11 @@ from spotrun.config import load_settings
 from spotrun.errors import CapacityError, ConfigError, ProviderError
 from spotrun.providers import make_provider
 from spotrun.providers.aws.provider import AwsProvider
-from spotrun.providers.aws.userdata import AGENT_UNIT, agent_json_from_user_data
+from spotrun.providers.aws.userdata import agent_json_from_user_data
 from spotrun.providers.base import TAG_ATTEMPT, TAG_JOB, LaunchRequest, Pool
 from spotrun.states import InstanceState, Market, TerminationCause
 
 from .conftest import make_instance_profile
-
-REPO = Path(__file__).resolve().parents[2]
 
 
 def agent_json(job: str = "job-a", attempt: int = 1) -> str:
@@ -221,5 +218,19 @@ def test_launch_without_ami_is_a_config_error(tmp_path):
     assert ei.value.field == "aws.ami_id"
 
 
-def test_systemd_unit_matches_the_one_in_user_data():
-    assert (REPO / "systemd" / "spotrun-agent.service").read_text() == AGENT_UNIT
+def test_describe_reads_every_page(provider, moto, ec2, monkeypatch):
+    # Five reservations a page (EC2's least): seven managed instances take two pages.
+    import spotrun.providers.aws.provider as aws_provider
+    monkeypatch.setattr(aws_provider, "DESCRIBE_PAGE_SIZE", 5)
+    ami = provider.cfg.ami_id
+    for k in range(7):
+        ec2.run_instances(ImageId=ami, InstanceType="g5.xlarge", MinCount=1, MaxCount=1,
+                          TagSpecifications=[{"ResourceType": "instance", "Tags": [
+                              {"Key": "spotrun:managed", "Value": "true"},
+                              {"Key": TAG_JOB, "Value": "job-pages"},
+                              {"Key": TAG_ATTEMPT, "Value": str(k)}]}])
+    found = provider.describe(job_id="job-pages")
+    assert sorted(i.tags[TAG_ATTEMPT] for i in found) == [str(k) for k in range(7)]
+    calls = moto.layer.calls("DescribeInstances")
+    assert len(calls) == 2 and calls[0].params["MaxResults"] == "5"
+    assert calls[1].params["NextToken"]

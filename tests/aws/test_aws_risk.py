@@ -88,3 +88,22 @@ def test_risk_hints_never_raise(aws_settings, moto):
     p = _provider(aws_settings, {"now": T0},
                   spot_advisor_url="http://127.0.0.1:9/spot-advisor-data.json")
     assert p.risk_hints(["g6.xlarge"], ["us-east-1a"]) == {}
+
+
+def test_placement_scores_read_every_page(aws_settings, moto, ec2, monkeypatch):
+    # Ten scores a page (EC2's least): six unknown zone ids sort first, so two of the
+    # region's zones are only on the second page.
+    import spotrun.providers.aws.risk as risk
+    monkeypatch.setattr(risk, "PLACEMENT_PAGE_SIZE", 10)
+    ids = _zone_ids(ec2)
+    known = sorted(ids.items(), key=lambda kv: kv[1])
+    fake = [("g6.xlarge", "us-east-1", f"use1-az0{i}", 5) for i in range(6)]
+    moto.layer.set_placement_scores(fake + [("g6.xlarge", "us-east-1", zid, 1 + i % 9)
+                                            for i, (_, zid) in enumerate(known)])
+    p = _provider(aws_settings, {"now": T0})
+    hints = p.risk_hints(["g6.xlarge"], [name for name, _ in known])
+    assert {n: hints[("g6.xlarge", n)].placement_score for n, _ in known} == {
+        n: 1 + i % 9 for i, (n, _) in enumerate(known)}
+    calls = moto.layer.calls("GetSpotPlacementScores")
+    assert len(calls) == 2 and calls[0].params["MaxResults"] == "10"
+    assert "NextToken" not in calls[0].params and calls[1].params["NextToken"]

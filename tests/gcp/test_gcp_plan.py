@@ -110,3 +110,39 @@ def test_an_unknown_type_for_gcp_is_refused_naming_the_field(tmp_path):
                                   "resources: {gpus: 1, instance_types: [p3.2xlarge]}"))
     res = CliRunner().invoke(cli, ["plan", str(spec)], env={"SPOTRUN_HOME": str(home)})
     assert res.exit_code == 2 and "instance_types" in res.output and "Traceback" not in res.output
+
+
+def test_plan_says_its_prices_are_the_catalogs_not_live(tmp_path):
+    # GCP has no live spot price feed: the provider declares its prices are the catalog's,
+    # and plan's header and JSON say so (it used to print `prices: live`).
+    home = _home(tmp_path)
+    res = CliRunner().invoke(cli, ["plan", str(tmp_path / "small.yaml")],
+                             env={"SPOTRUN_HOME": str(home), "COLUMNS": "200"})
+    assert res.exit_code == 0, res.output
+    header = res.output.splitlines()[0]
+    assert "prices: catalog prices (GCP's Spot price list in gcp.yaml" in header, header
+    assert "live" not in header.replace("no live feed", "")
+    source = _plan(home, str(tmp_path / "small.yaml"))["prices"]
+    assert source["summary"].startswith("catalog prices") and "live" != source["source"]
+
+
+@pytest.mark.parametrize("verb", [["plan"], ["submit", "--dry-run"]])
+def test_an_aws_reference_instance_names_the_gcp_catalog_and_valid_types(tmp_path, verb):
+    # The AWS examples' reference_instance on a gcp set-up: the error says which catalog is
+    # in use and offers types from it (it used to say only "must be an instance type in the
+    # catalog").
+    home = _home(tmp_path)
+    spec = tmp_path / "aws-ref.yaml"
+    spec.write_text(SMALL.replace("reference_instance: n1-standard-8+v100x1",
+                                  "reference_instance: p3.2xlarge"))
+    res = CliRunner().invoke(cli, [*verb, str(spec)], env={"SPOTRUN_HOME": str(home)})
+    assert res.exit_code == 2 and "Traceback" not in res.output
+    lines = res.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: work.reference_instance:"), lines
+    assert "'p3.2xlarge'" in lines[0] and "gcp provider's catalog (gcp.yaml)" in lines[0]
+    offered = lines[0].split("e.g. ", 1)[1].split(", ")
+    assert len(offered) >= 3 and all(name in load_catalog("gcp") for name in offered)
+    # A near miss gets the closest names.
+    spec.write_text(SMALL.replace("n1-standard-8+v100x1", "n1-standard-8+v100"))
+    res = CliRunner().invoke(cli, [*verb, str(spec)], env={"SPOTRUN_HOME": str(home)})
+    assert res.exit_code == 2 and "closest: n1-standard-8+v100x1" in res.output

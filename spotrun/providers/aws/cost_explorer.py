@@ -130,6 +130,7 @@ def _query(ce: CostExplorerClient, call: Callable[..., Any], ids: list[str], d0:
     by_job: dict[str, float] = {}
     estimated: set[str] = set()
     token = ""
+    # botocore ships no paginator for GetCostAndUsage (can_paginate is False): follow the token.
     while True:
         resp = call(ce.get_cost_and_usage, **(kw | ({"NextPageToken": token} if token else {})))
         for day in resp.get("ResultsByTime", []):

@@ -8,6 +8,7 @@ from typing import Any, Callable
 from spotrun.providers.base import PricePoint
 
 PRODUCT = "Linux/UNIX"
+HISTORY_PAGE_SIZE = 1000     # rows per DescribeSpotPriceHistory page (EC2's most)
 
 
 class SpotPrices:
@@ -40,28 +41,22 @@ class SpotPrices:
 
     def history(self, instance_type: str, zones: list[str], start: datetime,
                 end: datetime) -> list[PricePoint]:
-        """Change points in [start, end] plus the one in effect at start, oldest first."""
+        """Change points in [start, end] plus the one in effect at start (in no order)."""
         kw: dict[str, Any] = {"InstanceTypes": [instance_type], "StartTime": start,
                               "EndTime": end, "ProductDescriptions": [PRODUCT],
-                              "MaxResults": 1000}
+                              "PaginationConfig": {"PageSize": HISTORY_PAGE_SIZE}}
         if zones:
             kw["Filters"] = [{"Name": "availability-zone", "Values": list(zones)}]
         points: dict[tuple[str, datetime], PricePoint] = {}
-        token = ""
-        while True:
-            resp = self.ec2.describe_spot_price_history(
-                **(kw | ({"NextToken": token} if token else {})))
-            for r in resp.get("SpotPriceHistory", []):
+        for page in self.ec2.get_paginator("describe_spot_price_history").paginate(**kw):
+            for r in page.get("SpotPriceHistory", []):
                 if zones and r["AvailabilityZone"] not in zones:
                     continue
                 ts = _utc(r["Timestamp"])
                 points[(r["AvailabilityZone"], ts)] = PricePoint(
                     instance_type=r["InstanceType"], zone=r["AvailabilityZone"], ts=ts,
                     price_usd_per_hour=float(r["SpotPrice"]))
-            token = resp.get("NextToken") or ""
-            if not token:
-                break
-        return sorted(points.values(), key=lambda p: (p.ts, p.zone))
+        return list(points.values())
 
 
 def _utc(ts: datetime) -> datetime:

@@ -26,6 +26,7 @@ from spotrun.providers.aws.risk import AdvisorFeed, AwsRisk
 from spotrun.providers.capacity import CapacityFailure, pools_cooling, record_capacity
 from spotrun.providers.base import (TAG_JOB, TAG_MANAGED, InstanceInfo, LaunchPlan,
                                     LaunchRequest, PricePoint)
+from spotrun.providers.pricing import Pricing
 from spotrun.states import InstanceState, Market, TerminationCause
 
 log = logging.getLogger(__name__)
@@ -44,14 +45,16 @@ _RECLAIM_REQUEST_CODES = ("instance-terminated-by-price", "instance-terminated-n
                           "instance-terminated-by-experiment")
 _REASON_TIME = re.compile(r"\((\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2}) (?:GMT|UTC)\)")
 _NOT_FOUND = ("InvalidInstanceID.NotFound", "InvalidInstanceID.Malformed")
+DESCRIBE_PAGE_SIZE = 500     # reservations per DescribeInstances page (EC2 allows 5 to 1000)
 
 
 def _utcnow() -> datetime:
     return datetime.now(timezone.utc)
 
 
-class AwsProvider(GroupActs):
-    """EC2 behind the Provider interface (group launch and interrupt: aws_group.GroupActs)."""
+class AwsProvider(Pricing, GroupActs):
+    """EC2 behind the Provider interface (group launch and interrupt: aws_group.GroupActs;
+    on-demand prices and price history: pricing.Pricing)."""
 
     name = "aws"
     features = AWS_FEATURES
@@ -77,7 +80,7 @@ class AwsProvider(GroupActs):
         self.capacity_failures: list[CapacityFailure] = []
         self._zones: list[str] | None = sorted(launch.subnets) or None
         self._first_seen_ended: dict[str, datetime] = {}
-        self.risk = AwsRisk(call=self._call, region=region, advisor=advisor,
+        self.risk = AwsRisk(call=self._call, pages=self._pages, region=region, advisor=advisor,
                             placement=placement_scores, clock=lambda: self.clock().timestamp())
 
     @classmethod
@@ -100,6 +103,10 @@ class AwsProvider(GroupActs):
 
     def _call(self, method: str, **kw: Any) -> Any:
         return getattr(self.ec2, method)(**kw)   # botocore retries with self.retry
+
+    def _pages(self, method: str, **kw: Any) -> Any:
+        """Every response page of one EC2 call (its boto3 paginator; retried as _call is)."""
+        return self.ec2.get_paginator(method).paginate(**kw)
 
     # ------------------------------------------------------------ basics
 
@@ -131,15 +138,7 @@ class AwsProvider(GroupActs):
         """None: EC2 prices move when they move; the policy's own interval applies."""
         return None
 
-    def on_demand_price(self, instance_type: str) -> float:
-        """Catalog on-demand USD/h in this region."""
-        price = self.catalog.get(instance_type).on_demand_price(self.region)
-        if price is None:
-            raise ConfigError("no on-demand price in the catalog", field="instance_type",
-                              value=instance_type)
-        return price
-
-    def price_history(self, instance_type: str, zones: list[str], start: datetime,
+    def _price_points(self, instance_type: str, zones: list[str], start: datetime,
                       end: datetime) -> list[PricePoint]:
         """Change points from describe_spot_price_history (every page)."""
         return self.prices.history(instance_type, zones, start, end)
@@ -272,21 +271,13 @@ class AwsProvider(GroupActs):
         return self._describe_filters(filters)
 
     def _describe_filters(self, filters: list[dict[str, Any]]) -> list[InstanceInfo]:
-        raw: list[dict[str, Any]] = []
-        token = ""
-        while True:
-            kw: dict[str, Any] = {"Filters": filters, "MaxResults": 500}
-            if token:
-                kw["NextToken"] = token
-            try:
-                resp = self._call("describe_instances", **kw)
-            except Exception as exc:
-                raise ec2_error(exc, "describe_instances") from None
-            for r in resp.get("Reservations", []):
-                raw.extend(r.get("Instances", []))
-            token = resp.get("NextToken") or ""
-            if not token:
-                break
+        try:
+            pages = self._pages("describe_instances", Filters=filters,
+                                PaginationConfig={"PageSize": DESCRIBE_PAGE_SIZE})
+            raw = [i for page in pages for r in page.get("Reservations", [])
+                   for i in r.get("Instances", [])]
+        except Exception as exc:
+            raise ec2_error(exc, "describe_instances") from None
         reclaimed = self._reclaimed_by_request(raw)
         return sorted((self._info(i, reclaimed) for i in raw), key=lambda x: x.launched_at)
 

@@ -146,26 +146,25 @@ def advisor_hints(data: dict[str, Any], instance_types: Iterable[str], zones: It
     return out
 
 
-def placement_scores(call: Callable[..., Any], instance_types: Iterable[str], region: str,
+PLACEMENT_PAGE_SIZE = 100    # scores per GetSpotPlacementScores page (EC2 allows 10 to 1000)
+
+
+def placement_scores(pages: Callable[..., Iterable[dict[str, Any]]],
+                     instance_types: Iterable[str], region: str,
                      zone_names: dict[str, str]) -> dict[tuple[str, str], int]:
-    """Per (type, zone name): get_spot_placement_scores for one instance of that type alone."""
+    """Per (type, zone name): get_spot_placement_scores for one instance of that type alone.
+
+    pages(method, **params): every response page of an EC2 call (a boto3 paginator's).
+    """
     out: dict[tuple[str, str], int] = {}
     for itype in instance_types:
-        token: str | None = None
-        while True:
-            kw: dict[str, Any] = {"InstanceTypes": [itype], "TargetCapacity": 1,
-                                  "SingleAvailabilityZone": True, "RegionNames": [region],
-                                  "MaxResults": 100}
-            if token:
-                kw["NextToken"] = token
-            resp = call("get_spot_placement_scores", **kw)
-            for s in resp.get("SpotPlacementScores") or []:
+        for page in pages("get_spot_placement_scores", InstanceTypes=[itype], TargetCapacity=1,
+                          SingleAvailabilityZone=True, RegionNames=[region],
+                          PaginationConfig={"PageSize": PLACEMENT_PAGE_SIZE}):
+            for s in page.get("SpotPlacementScores") or []:
                 zone = zone_names.get(s.get("AvailabilityZoneId", ""))
                 if zone and s.get("Score") is not None:
                     out[(itype, zone)] = int(s["Score"])
-            token = resp.get("NextToken") or None
-            if not token:
-                break
     return out
 
 
@@ -173,12 +172,14 @@ class AwsRisk:
     """Builds RiskHints for the aws provider; every failure is logged, never raised."""
 
     def __init__(self, *, call: Callable[..., Any], region: str, advisor: AdvisorFeed | None,
+                 pages: Callable[..., Iterable[dict[str, Any]]] | None = None,
                  placement: bool = True, placement_max_age_s: float = 3600.0,
                  clock: Callable[[], float] = time.time) -> None:
         self.call = call
+        self.pages = pages          # every page of an EC2 call (placement scores need it)
         self.region = region
         self.advisor = advisor
-        self.placement = placement
+        self.placement = placement and pages is not None
         self.placement_max_age_s = placement_max_age_s
         self.clock = clock
         self._scores: dict[str, tuple[float, dict[str, int]]] = {}   # type -> (at, zone -> score)
@@ -219,7 +220,7 @@ class AwsRisk:
                 resp = self.call("describe_availability_zones")
                 self._zone_names = {z["ZoneId"]: z["ZoneName"]
                                     for z in resp.get("AvailabilityZones", []) if z.get("ZoneId")}
-            got = placement_scores(self.call, stale, self.region, self._zone_names)
+            got = placement_scores(self.pages, stale, self.region, self._zone_names)
             for t in stale:
                 self._scores[t] = (now, {z: s for (tt, z), s in got.items() if tt == t})
         want = set(zones)

@@ -1,7 +1,8 @@
 """The instance's user data: cloud-init that installs spotrun and starts the agent.
 
 The agent's config (AgentConfig JSON) travels in the user data and is written to
-/etc/spotrun/agent.json (mode 0600); the systemd unit runs
+/etc/spotrun/agent.json (mode 0600); the systemd unit (spotrun.providers.agent_unit, the
+same on every cloud) runs
 `spotrun agent --user-data /etc/spotrun/agent.json --dir /var/lib/spotrun`. The config
 gets `shutdown_command` = power off, so an attempt that ended (for any reason) ends its
 instance too (shutdown behaviour terminate). `agent_json_from_user_data` reads the
@@ -17,44 +18,10 @@ import yaml
 
 from spotrun.agent.userdata import MARKER, with_shutdown_command
 from spotrun.errors import ConfigError, ProviderError
+from spotrun.providers.agent_unit import (AGENT_CONFIG_PATH, AGENT_UNIT, JOB_DIR,  # noqa: F401
+                                          SHUTDOWN_COMMAND, UNIT_NAME, UNIT_PATH, VENV)
 
-AGENT_DIR = "/var/lib/spotrun"      # the agent's --dir on every instance (AGENT_UNIT says it)
-JOB_DIR = f"{AGENT_DIR}/job"        # the job's directory: the same path on every instance
-
-AGENT_CONFIG_PATH = "/etc/spotrun/agent.json"
-UNIT_PATH = "/etc/systemd/system/spotrun-agent.service"
-VENV = "/opt/spotrun"
 MAX_USER_DATA_BYTES = 16 * 1024     # EC2's limit on raw user data
-# Run by the agent after exit.json: the attempt is over, so is the instance.
-SHUTDOWN_COMMAND = "shutdown -h now"
-
-# The same text is in systemd/spotrun-agent.service (a test keeps them equal).
-AGENT_UNIT = """\
-[Unit]
-Description=spotrun agent: runs one training attempt, watches for spot interruption notices
-Wants=network-online.target
-After=network-online.target cloud-final.service
-
-[Service]
-Type=simple
-# Root, not a dedicated user: when the attempt ends the agent powers the instance off
-# (shutdown_command; shutdown behaviour is terminate, so that ends the bill), which needs
-# root. The instance exists for this one job, so there is no other tenant to protect.
-StateDirectory=spotrun
-WorkingDirectory=/var/lib/spotrun
-ExecStart=/opt/spotrun/bin/spotrun agent --user-data /etc/spotrun/agent.json --dir /var/lib/spotrun
-# The agent exits with the job's exit code once it has reported it and asked for power-off.
-# A failed command must not be rerun here (the daemon decides restarts, with a new attempt),
-# so only an agent that died abnormally (signal, core dump, timeout) is restarted.
-Restart=on-abnormal
-RestartSec=5
-KillMode=mixed
-TimeoutStopSec=150
-Environment=PYTHONUNBUFFERED=1
-
-[Install]
-WantedBy=multi-user.target
-"""
 
 
 def render_user_data(agent_json: str, *, spotrun_install: str = "spotrun") -> str:
@@ -73,7 +40,7 @@ def render_user_data(agent_json: str, *, spotrun_install: str = "spotrun") -> st
             ["python3", "-m", "venv", VENV],
             ["sh", "-c", f"{VENV}/bin/pip install --quiet {shlex.quote(spotrun_install)}"],
             ["systemctl", "daemon-reload"],
-            ["systemctl", "enable", "--now", "spotrun-agent.service"],
+            ["systemctl", "enable", "--now", UNIT_NAME],
         ],
     }
     # The marker comment lets `spotrun agent --user-data-imds` read the config too.

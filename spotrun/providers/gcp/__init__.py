@@ -15,6 +15,7 @@ from typing import Any, Callable, Mapping
 
 from spotrun.providers.base import ProviderFacts, ProviderFeature
 from spotrun.providers.gcp.billing import GCP_RULES
+from spotrun.providers.agent_unit import JOB_DIR     # the same path as on EC2
 
 # The zones of each region spotrun's catalog prices (docs/gcp-facts.md; the union of the
 # catalog's per-type zones). `gcp.zones` narrows or replaces them.
@@ -25,8 +26,6 @@ ZONES = {
 # ACPI G2 soft-off to G3 mechanical-off for a Spot VM: "30 seconds for Spot VMs" (Compute
 # Engine API reference, Scheduling.skipGuestOsShutdown; docs/gcp.md "Preemption").
 PREEMPTION_WINDOW_S = 30.0
-AGENT_DIR = "/var/lib/spotrun"
-JOB_DIR = f"{AGENT_DIR}/job"
 # None beyond the protocol: Spot prices are the catalog's, read per pool; they hold for days
 # (no grid), and reading them calls no API.
 GCP_FEATURES: frozenset[ProviderFeature] = frozenset()

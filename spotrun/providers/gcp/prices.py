@@ -59,11 +59,6 @@ class CatalogPrices:
             price = (lo + hi) / 2.0
         return float(price) if price else None
 
-    def on_demand(self, instance_type: str) -> float | None:
-        """The on-demand USD/h in the provider's region (any listed region as fallback)."""
-        row = self._row(instance_type)
-        return None if row is None else row.on_demand_price(self.region)
-
     def spot_only(self, instance_type: str) -> bool:
         """The type is sold as Spot only (its on-demand figure is a baseline, not a market)."""
         row = self._row(instance_type)
@@ -78,4 +73,4 @@ class CatalogPrices:
             if price is not None and start <= end:
                 out.append(PricePoint(instance_type=instance_type, zone=zone, ts=start,
                                       price_usd_per_hour=price))
-        return sorted(out, key=lambda p: (p.ts, p.zone))
+        return out

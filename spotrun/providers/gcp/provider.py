@@ -35,6 +35,7 @@ from spotrun.providers.gcp.ops import (CAPACITY_CODES, Clients, error_code, gce_
                                       http_status, op_error, wait_op)
 from spotrun.providers.gcp.prices import CatalogPrices
 from spotrun.providers.gcp.startup import TOKEN_KEY, metadata_value
+from spotrun.providers.pricing import Pricing
 from spotrun.states import InstanceState, Market, TerminationCause
 
 
@@ -60,12 +61,15 @@ def _ts(text: str | None) -> datetime | None:
     return datetime.fromisoformat(text.replace("Z", "+00:00")).astimezone(timezone.utc)
 
 
-class GcpProvider(GroupActs):
-    """Compute Engine behind the Provider interface (groups and interrupt: group.GroupActs)."""
+class GcpProvider(Pricing, GroupActs):
+    """Compute Engine behind the Provider interface (groups and interrupt: group.GroupActs;
+    on-demand prices and price history: pricing.Pricing)."""
 
     name = "gcp"
     features = GCP_FEATURES
-    snapshot_source = "live"
+    # What plan and dry-run say the prices are: GCP has no live spot price feed, so the
+    # daemon decides on the catalog's price list as well (prices.py).
+    snapshot_source = "catalog prices (GCP's Spot price list in gcp.yaml; GCP has no live feed)"
 
     def __init__(self, *, clients: Clients, launch: LaunchConfig, zones: list[str],
                  catalog: Catalog | None = None, clock: Callable[[], datetime] = _utcnow,
@@ -111,15 +115,7 @@ class GcpProvider(GroupActs):
         """The catalog's Spot price in the zone's region; None where the type is not offered."""
         return self.prices.spot(instance_type, zone)
 
-    def on_demand_price(self, instance_type: str) -> float:
-        """Catalog on-demand USD/h in this region."""
-        price = self.prices.on_demand(instance_type)
-        if price is None:
-            raise ConfigError("no on-demand price in the catalog", field="instance_type",
-                              value=instance_type)
-        return price
-
-    def price_history(self, instance_type: str, zones: list[str], start: datetime,
+    def _price_points(self, instance_type: str, zones: list[str], start: datetime,
                       end: datetime) -> list[PricePoint]:
         """Flat: the catalog's Spot price per zone, in effect from start."""
         return self.prices.history(instance_type, zones, start, end)

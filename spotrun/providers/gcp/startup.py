@@ -3,7 +3,8 @@
 A Compute Engine VM runs the `startup-script` metadata value as root at boot (the guest
 environment's google-startup-scripts service). The agent's config (AgentConfig JSON)
 travels in its own metadata key, `spotrun-agent-config`; the script copies it to
-/etc/spotrun/agent.json (mode 0600), installs spotrun in a venv and starts the agent unit.
+/etc/spotrun/agent.json (mode 0600), installs spotrun in a venv and starts the agent unit
+(spotrun.providers.agent_unit: the same unit as on EC2).
 The config gets `shutdown_command` = power off, so an attempt that ended ends its VM too:
 GCE then shows it TERMINATED (stopped), and the provider deletes it on sight (its disk would
 bill on). The unit stops the agent alone on a shutdown (KillMode=mixed): on a preemption the
@@ -18,41 +19,14 @@ from typing import Any, Iterable
 
 from spotrun.agent.userdata import with_shutdown_command
 from spotrun.errors import ConfigError, ProviderError
+from spotrun.providers.agent_unit import (AGENT_CONFIG_PATH, AGENT_UNIT, SHUTDOWN_COMMAND,
+                                          UNIT_NAME, UNIT_PATH, VENV)
 
 AGENT_CONFIG_KEY = "spotrun-agent-config"     # instance metadata: the AgentConfig JSON
 TOKEN_KEY = "spotrun-client-token"            # instance metadata: the attempt's client token
-AGENT_CONFIG_PATH = "/etc/spotrun/agent.json"
-UNIT_PATH = "/etc/systemd/system/spotrun-agent.service"
-VENV = "/opt/spotrun"
-SHUTDOWN_COMMAND = "shutdown -h now"
 # GCE takes 256 KB per metadata value and 512 KB in all (Compute Engine docs, "About VM
 # metadata", limits); the config is far smaller, secrets travel as references.
 MAX_METADATA_VALUE_BYTES = 256 * 1024
-
-AGENT_UNIT = """\
-[Unit]
-Description=spotrun agent: runs one training attempt, watches for Spot VM preemption
-Wants=network-online.target
-After=network-online.target google-startup-scripts.service
-
-[Service]
-Type=simple
-# Root: when the attempt ends the agent powers the VM off (shutdown_command).
-StateDirectory=spotrun
-WorkingDirectory=/var/lib/spotrun
-ExecStart=/opt/spotrun/bin/spotrun agent --user-data /etc/spotrun/agent.json --dir /var/lib/spotrun
-# A failed command is the daemon's to rerun (a new attempt): restart only an agent that died.
-Restart=on-abnormal
-RestartSec=5
-# On a shutdown (a preemption's ACPI soft-off) SIGTERM goes to the agent alone: it asks the
-# job to save and then stops it. Whatever is left is killed at the end of GCP's 30 s window.
-KillMode=mixed
-TimeoutStopSec=30
-Environment=PYTHONUNBUFFERED=1
-
-[Install]
-WantedBy=multi-user.target
-"""
 
 _SCRIPT = """\
 #!/bin/bash
@@ -72,7 +46,7 @@ fi
 cat > {unit} <<'UNIT'
 {unit_text}UNIT
 systemctl daemon-reload
-systemctl enable --now spotrun-agent.service
+systemctl enable --now {unit_name}
 """
 
 
@@ -83,7 +57,7 @@ def render_startup_script(*, spotrun_install: str = "spotrun") -> str:
                           value=spotrun_install)
     return _SCRIPT.format(config=AGENT_CONFIG_PATH, key=AGENT_CONFIG_KEY, venv=VENV,
                           install=shlex.quote(spotrun_install), unit=UNIT_PATH,
-                          unit_text=AGENT_UNIT)
+                          unit_text=AGENT_UNIT, unit_name=UNIT_NAME)
 
 
 def agent_config(agent_json: str) -> str:

@@ -23,6 +23,7 @@ from spotrun.providers.base import (TAG_ATTEMPT, TAG_JOB, TAG_MANAGED, TAG_NODE,
                                     PricePoint, RestingMarket)
 from spotrun.providers.local import LOCAL_FEATURES
 from spotrun.states import InstanceState, Market, TerminationCause
+from spotrun.providers.pricing import Pricing
 
 T = TypeVar("T")
 LOCAL_IP = "127.0.0.1"   # every local instance is a process group on this machine
@@ -58,7 +59,7 @@ def info_from_json(raw: dict[str, Any]) -> InstanceInfo:
         private_ip=LOCAL_IP)
 
 
-class LocalProvider:
+class LocalProvider(Pricing):
     """Provider backed by a local market process (see spotrun.providers.local.market)."""
 
     name = "local"
@@ -255,22 +256,13 @@ class LocalProvider:
         """Spot USD/h now, or None for an unknown pool."""
         return self._call(lambda c: c.price(instance_type, zone))
 
-    def on_demand_price(self, instance_type: str) -> float:
-        """Catalog on-demand USD/h in this region."""
-        price = self.catalog.get(instance_type).on_demand_price(self.region)
-        if price is None:
-            raise ProviderError("no on-demand price listed", field="instance_type",
-                                value=instance_type)
-        return price
-
-    def price_history(self, instance_type: str, zones: list[str], start: datetime,
+    def _price_points(self, instance_type: str, zones: list[str], start: datetime,
                       end: datetime) -> list[PricePoint]:
         """Change points in [start, end] (market clock), plus the one in effect at start."""
         raws = self._call(lambda c: c.price_history(instance_type, zones, start.timestamp(),
                                                     end.timestamp()))
-        points = [PricePoint(instance_type, r["zone"], to_dt(r["ts_s"]), r["price_usd_per_hour"])
-                  for r in raws]
-        return sorted(points, key=lambda p: (p.ts, p.zone))
+        return [PricePoint(instance_type, r["zone"], to_dt(r["ts_s"]), r["price_usd_per_hour"])
+                for r in raws]
 
     def market_view(self, instance_types: list[str] | None = None) -> list[PoolView]:
         """Per (type, zone): spot available now and prices now (default: every priced type)."""
