@@ -14,7 +14,7 @@ the same simulator (`run_policy`) on the same starts as bench/policy.py.
 Real traces, `--oracle-lite`: single pool, the MDP-optimal policy for a 2-state Markov
 chain per pool fitted to the WHOLE trace (it sees the future's statistics, so it
 upper-bounds what learning a Markov model online can reach), prices as in the trace; all
-pools, spotrun's own plan (`markov-tiers`, the plan behind `spotrun-plan`) with its market
+pools, spotrun's own plan (`markov-tiers`, the plan behind `spotrun`) with its market
 model fitted to the WHOLE trace instead of the rows seen so far (`WholeTraceTiers`): what
 that model class reaches when it knows the trace's statistics. Both are indicative, not
 bounds: a richer model could do better.

@@ -1,4 +1,4 @@
-"""What one deadline decision costs the daemon (issue 26): `markov-tiers` and `spotrun-plan`.
+"""What one deadline decision costs the daemon (issue 26): `markov-tiers` and `spotrun`.
 
 The daemon asks the policy once per interval with the market it recorded, a new
 MarketHistory each interval (`extended`), so no cache outlives the interval except the
@@ -7,11 +7,11 @@ row from the synthetic family (4 pools, 300 s ticks), one job per shape, a decis
 row, and times `decide` alone (not the history's growth, the daemon's part).
 
 Printed per shape: the plan's refit (fit and solve) CPU time and table size, then per
-decision the mean and the worst CPU time of `markov-tiers` (refits included: on the grid, at
-a change of the pools' price order and at a surprise), `spotrun-plan` (which also replays
-its shadow windows at each choice point) and `spotrun` (rule-first), and what 1,000 jobs
-of that shape cost the daemon in CPU seconds per wall-clock second at one decision per
-300 s interval (spotrun-plan).
+decision the mean and the worst CPU time of `markov-tiers` (the plan alone; refits
+included: on the grid, at a change of the pools' price order and at a surprise) and
+`spotrun` (the plan behind its guard, which also replays its shadow windows at each choice
+point), and what 1,000 jobs of that shape cost the daemon in CPU seconds per wall-clock
+second at one decision per 300 s interval (spotrun).
 
     .venv/bin/python bench/policy_cost.py                # about a minute
     .venv/bin/python bench/policy_cost.py --start 3700   # after the regime change
@@ -72,7 +72,7 @@ def main() -> None:
     args = ap.parse_args()
     trace, prices = regime_change_market(seed=0)
     print(f"{'job':>11} {'refit ms':>9} {'table KB':>9} {'plan us':>10} {'max ms':>7} "
-          f"{'guarded us':>8} {'max ms':>7} {'spotrun us':>11} {'1000 jobs':>10}")
+          f"{'spotrun us':>10} {'max ms':>7} {'1000 jobs':>10}")
     tick_s = 300.0
     for work_h, factor in SHAPES:
         m = build_model(trace, prices, spot_price_usd_per_hour=None, od_price_usd_per_hour=3.06,
@@ -86,14 +86,13 @@ def main() -> None:
         refit_ms = (time.process_time() - t0) * 1000.0
         ticks = min(m.deadline_ticks, args.ticks)
         mk_t = decide_times("markov-tiers", h, args.start, shape, ticks)
-        pl_t = decide_times("spotrun-plan", h, args.start, shape, ticks)
         sr_t = decide_times("spotrun", h, args.start, shape, ticks)
-        per_s = JOBS * pl_t.mean() / tick_s
+        per_s = JOBS * sr_t.mean() / tick_s
         print(f"{work_h:4g} h x{factor:<5g} {refit_ms:9.1f} {table.nbytes / 1024:9.0f} "
-              f"{mk_t.mean() * 1e6:10.0f} {mk_t.max() * 1e3:7.1f} {pl_t.mean() * 1e6:8.0f} "
-              f"{pl_t.max() * 1e3:7.0f} {sr_t.mean() * 1e6:11.0f} {per_s:8.3f} s/s")
+              f"{mk_t.mean() * 1e6:10.0f} {mk_t.max() * 1e3:7.1f} {sr_t.mean() * 1e6:10.0f} "
+              f"{sr_t.max() * 1e3:7.0f} {per_s:8.3f} s/s")
     print(f"\n1000 jobs: CPU seconds per wall second for {JOBS} jobs of that shape under "
-          f"spotrun-plan, one decision per {tick_s:g} s (mean over the job's first "
+          f"spotrun, one decision per {tick_s:g} s (mean over the job's first "
           f"{args.ticks} decisions at most)")
 
 

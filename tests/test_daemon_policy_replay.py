@@ -23,14 +23,14 @@ from conftest import kill_leftovers, write_prices, write_trace
 from polling import wait_for
 
 from spotrun.catalog import load_catalog
-from spotrun.cli.simulate import simulate, write_decisions
+from spotrun.cli.simulate import simulate
 from spotrun.config import load_settings
 from spotrun.daemon.app import build_context
 from spotrun.daemon.reconcile import ReconcileLoop
 from spotrun.daemon.scheduler import SchedulerLoop
 from spotrun.daemon.placement import clock_progress_s
 from spotrun.db import Attempt, Job, attempts_of, session
-from spotrun.decide.policy import ALL_POLICY_NAMES, Mode
+from spotrun.decide.policy import Mode
 from spotrun.errors import ConfigError
 from spotrun.jobs import submit, validate_submission
 from spotrun.providers.local.market.client import MarketClient
@@ -38,13 +38,9 @@ from spotrun.providers.local.market.clock import ManualClock
 from spotrun.providers.local.market.core import Market
 from spotrun.providers.local.market.options import MarketOptions
 from spotrun.providers.local.market.server import MarketHTTPServer, _Flags
-from spotrun.providers.facts import facts_for
 from spotrun.providers.local.provider import LocalProvider
-from spotrun.simulate.model import build_model, pick_starts
-from spotrun.simulate.runner import run_policies
 from spotrun.states import AttemptState, EndReason, InstanceState, JobState, \
     Market as MarketKind
-from spotrun.traces import load_prices, load_trace
 
 # Ten-minute rows: a pool back two rows after a reclaim is past the notice quarantine
 # (720 s: the row after a reclaim is still closed), so both sides make the moves below with
@@ -53,7 +49,7 @@ TICK_S = 600.0
 TYPE = "p3.2xlarge"          # the type the trace "measured": spot prices are the file's
 WORK_HOURS = 15 * TICK_S / 3600.0   # 15 ticks
 CHANGEOVER_TICKS = 2
-# Reclaims in every pool; za's price jumps at 13 (spotrun moves to zb at 21).
+# Reclaims in every pool; za's price jumps at 13 (reserve moves to zb at 21).
 POOLS = {
     "za": [1] * 6 + [0] * 3 + [1] * 14 + [0] * 17,
     "zb": [0] * 2 + [1] * 3 + [0] * 5 + [1] * 4 + [0] * 4 + [1] * 22,
@@ -123,25 +119,9 @@ def replay(tmp_home: Path, tmp_path: Path, instance_command: str) -> Iterator[Re
 
 
 def simulator_decisions(r: Replay, policy: str, deadline_ticks: int) -> list[tuple[int, str, str]]:
-    """`spotrun simulate --decisions` for the job's start (tick 0): (tick, mode, pool) rows.
-
-    Policies the command does not list (issue 26's `markov`, `spotrun-plan`) run through the
-    same library steps the command takes after checking its flags.
-    """
+    """`spotrun simulate --decisions` for the job's start (tick 0): (tick, mode, pool) rows."""
     out = r.tmp / f"decisions-{policy}.csv"
     od = load_catalog().get(TYPE).on_demand_price("us-east-1")
-    if policy not in ALL_POLICY_NAMES:
-        model = build_model(load_trace(r.trace), load_prices(r.prices),
-                            spot_price_usd_per_hour=None, od_price_usd_per_hour=od,
-                            work_hours=WORK_HOURS,
-                            deadline_hours=deadline_ticks * TICK_S / 3600.0,
-                            changeover_hours=CHANGEOVER_TICKS * TICK_S / 3600.0,
-                            notice_quarantine_s=facts_for(load_settings()).notice_quarantine_s)
-        result = run_policies(model, pick_starts(model, starts=None, seed=0, t0=[0]),
-                              [policy], workers=1, record=True)
-        write_decisions(out, result)
-        with out.open() as fh:
-            return [(int(row["tick"]), row["mode"], row["pool"]) for row in csv.DictReader(fh)]
     res = CliRunner().invoke(simulate, [
         "--trace", str(r.trace), "--prices", str(r.prices), "--od-price", repr(od),
         "--work-hours", repr(WORK_HOURS),
@@ -187,8 +167,7 @@ def launches(rows: list[tuple[int, str, str]]) -> list[tuple[int, str, str]]:
 
 @pytest.mark.parametrize("policy,deadline_ticks,expect", [
     ("reserve", 36, "move"),              # spot reclaims, then a spot-to-spot move
-    ("spotrun", 36, "reclaim"),           # shadow runs on the recorded market, then follows
-    ("spotrun-plan", 36, "reclaim"),      # the plan, refit on the market the daemon recorded
+    ("spotrun", 36, "reclaim"),           # the plan, refit on the market the daemon recorded
     ("uniform-progress", 30, "on-demand"),  # the safety net takes it to on-demand
 ])
 def test_daemon_replay_gets_the_simulators_decisions(replay: Replay, policy: str,
@@ -247,9 +226,12 @@ def test_clock_progress_counts_time_after_each_changeover_once() -> None:
     assert clock_progress_s(attempts, 0.0, t0 + timedelta(seconds=100)) == 100.0
 
 
-def test_unknown_placement_policy_is_a_config_error(tmp_home: Path) -> None:
-    (tmp_home / "spotrun.toml").write_text('[daemon]\npolicy = "optimal"\n')
+@pytest.mark.parametrize("name", ["optimal", "spotrun-plan"])   # hindsight; a name gone
+def test_unknown_placement_policy_is_a_config_error(tmp_home: Path, name: str) -> None:
+    (tmp_home / "spotrun.toml").write_text(f'[daemon]\npolicy = "{name}"\n')
     ctx = build_context(load_settings(str(tmp_home)))
     with pytest.raises(ConfigError) as err:
         SchedulerLoop(ctx)
     assert err.value.field == "daemon.policy"
+    assert "allowed: on-demand, greedy, uniform-progress, reserve, markov-tiers, spotrun" \
+        in str(err.value)

@@ -51,13 +51,21 @@ SPECS = {
     "on-demand": "resources: {instance_types: [g6.xlarge, p3.2xlarge]}\n"
                  "policy: {market: on-demand}\n",
     # A deadline job: the shared deadline policy picks market and zone for the ranked type.
+    # (In za and zb: with zc, at 0.40 and one row of history that cannot rule it coming up,
+    # `spotrun`'s plan waits for it; DEADLINE_WAITS below.)
     "deadline": "work: {reference_hours: 10, reference_instance: p3.2xlarge}\n"
-                "resources: {instance_types: [p3.2xlarge, g5.xlarge]}\n"
+                "resources: {instance_types: [p3.2xlarge, g5.xlarge], zones: [za, zb]}\n"
                 "policy: {market: auto, deadline_hours: 200}\n",
     # A model that needs sharding across the node's GPUs.
     "fsdp-7b": "model: {params_billion: 7, sharding: fsdp}\nresources: {gpus: 8}\n"
                "policy: {market: spot}\n",
 }
+
+# The same deadline job free to use zc: the dry-run says the deadline policy waits this
+# interval (and launches nothing), which is what the daemon's placer then does.
+DEADLINE_WAITS = ("work: {reference_hours: 10, reference_instance: p3.2xlarge}\n"
+                  "resources: {instance_types: [p3.2xlarge, g5.xlarge]}\n"
+                  "policy: {market: auto, deadline_hours: 200}\n")
 
 
 @pytest.fixture
@@ -92,6 +100,13 @@ def test_first_launch_equals_the_dry_runs_first_candidate(frozen_home: Path,
         first = plan["candidates"][0]
         assert first["launch"] and first["zone"] != "zc", first   # zc has no capacity
         expected[submit_job(frozen_home, spec)] = first
+    res = CliRunner().invoke(cli, ["submit", "--dry-run", "--json",
+                                   str(_write_spec(tmp_path, "deadline-waits", DEADLINE_WAITS))],
+                             env={"SPOTRUN_HOME": str(frozen_home)})
+    assert res.exit_code == 0, res.output
+    waits = json.loads(res.output)
+    assert not any(c["launch"] for c in waits["candidates"]), waits["candidates"]
+    assert "the deadline policy spotrun waits" in waits["wait_reason"], waits
     assert not (frozen_home / "daemon.log").exists()
 
     daemon = DaemonProc(frozen_home, tmp_path / "daemon.log")

@@ -8,9 +8,9 @@ import sys
 from pathlib import Path
 
 import spotrun.decide.policy as policy
-from spotrun.decide.policy.markov import MarkovPolicy
+from spotrun.decide.policy.markov import MarkovTiersPolicy
 from spotrun.decide.policy.reserve import ReservePolicy
-from spotrun.decide.policy.spotrun import SpotrunPlanPolicy, SpotrunPolicy
+from spotrun.decide.policy.spotrun import SpotrunPolicy
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -56,9 +56,8 @@ def test_the_policy_imports_without_the_simulator():
 
 def test_each_policy_lives_in_the_module_of_its_name():
     assert SpotrunPolicy.__module__ == "spotrun.decide.policy.spotrun"
-    assert SpotrunPlanPolicy.__module__ == "spotrun.decide.policy.spotrun"
     assert ReservePolicy.__module__ == "spotrun.decide.policy.reserve"
-    assert MarkovPolicy.__module__ == "spotrun.decide.policy.markov"
+    assert MarkovTiersPolicy.__module__ == "spotrun.decide.policy.markov"
     assert {n: c.name for n, c in policy.POLICIES.items()} == {n: n for n in policy.POLICIES}
 
 

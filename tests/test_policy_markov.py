@@ -1,4 +1,4 @@
-"""The `markov` candidate: a plan solved on a model of the market seen so far, per refit."""
+"""The `markov-tiers` plan: solved on a model of the market seen so far, per refit."""
 
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ def model_of(up: np.ndarray, work: int, deadline: int, changeover: int, price: f
 
 def test_an_always_up_market_is_planned_as_one_spot_launch():
     m = model_of(np.ones(200), work=40, deadline=60, changeover=2)
-    r = run_policy(m, make_policy("markov"), 100, record=True)
+    r = run_policy(m, make_policy("markov-tiers"), 100, record=True)
     assert r.deadline_met and r.launches == 1 and r.reclaims == 0
     assert r.cost_usd == pytest.approx((40 + 2) * TICK_S / 3600.0 * 1.0)
     assert all(d.mode is Mode.SPOT for d in r.decisions)
@@ -42,7 +42,7 @@ def test_with_spot_gone_for_good_it_runs_on_demand_and_meets_the_deadline():
     # spot was up and flapping, then never comes back: the plan bridges on on-demand
     col = np.concatenate([np.tile([1] * 6 + [0] * 6, 20), np.zeros(200)])
     m = model_of(col, work=30, deadline=45, changeover=2)
-    r = run_policy(m, make_policy("markov"), 240, record=True)
+    r = run_policy(m, make_policy("markov-tiers"), 240, record=True)
     assert r.deadline_met
     first_od = next(i for i, d in enumerate(r.decisions) if d.mode is Mode.ON_DEMAND)
     # the plan leaves waiting before the safety net would have to (slack 13 ticks)
@@ -108,12 +108,11 @@ def test_the_fit_on_given_rows_reads_those_rows_only():
                           mk.fit(b, 200, (20, 40, 2), 1, rows=(0, 300)).spot)
 
 
-@pytest.mark.parametrize("name", ["markov", "markov-tiers"])
-def test_a_restarted_policy_on_a_daemon_grown_history_decides_the_same(name):
+def test_a_restarted_policy_on_a_daemon_grown_history_decides_the_same():
     trace, prices = regime_change_market(seed=4)
     m = build_model(trace, prices, spot_price_usd_per_hour=None, od_price_usd_per_hour=3.0,
                     work_hours=4.0, deadline_hours=6.0, changeover_hours=0.2)
-    assert assert_restarts_decide_the_same(m, name, 3580).deadline_met
+    assert assert_restarts_decide_the_same(m, "markov-tiers", 3580).deadline_met
 
 
 def test_the_table_matches_the_plan_it_was_solved_from():
@@ -170,7 +169,7 @@ def test_the_tiered_plan_waits_for_the_cheaper_pool_only_while_the_slack_allows(
     assert t.action(on_dear, 17, 15) == dp.SPOT            # not any more: stay
 
 
-def test_markov_tiers_launches_the_cheap_pool_markov_the_first_one_up():
+def test_it_waits_for_the_cheap_pool_while_the_dear_one_is_up():
     # the cheap pool is up 20 ticks of every 22; the dear one is always up
     n = 400
     up = np.stack([np.arange(n) % 22 < 20, np.ones(n, dtype=bool)], axis=1)
@@ -179,7 +178,6 @@ def test_markov_tiers_launches_the_cheap_pool_markov_the_first_one_up():
                       elapsed_s=0.0, changeover_s=2 * TICK_S, tick_s=TICK_S, mode=Mode.IDLE)
     row = 22 * 13 + 20                                         # the cheap pool is down
     assert make_policy("markov-tiers").decide(job, h.view(row)).mode is Mode.IDLE
-    assert make_policy("markov").decide(job, h.view(row)).pool == "dear"
     assert make_policy("markov-tiers").decide(job, h.view(row + 2)).pool == "cheap"
 
 
@@ -205,11 +203,11 @@ def test_on_the_regime_change_family_it_beats_the_better_rule(pools, work_h, fac
                     deadline_hours=work_h * factor, changeover_hours=0.2)
     rows = pick_starts(m, starts=8, seed=5, t0=None)
     mean = {}
-    for name in ("greedy", "uniform-progress", "markov"):
+    for name in ("greedy", "uniform-progress", "markov-tiers"):
         runs = [run_policy(m, make_policy(name), int(r)) for r in rows]
         assert all(r.deadline_met for r in runs), name
         mean[name] = float(np.mean([r.cost_usd for r in runs]))
-    assert mean["markov"] < min(mean["greedy"], mean["uniform-progress"])
+    assert mean["markov-tiers"] < min(mean["greedy"], mean["uniform-progress"])
 
 
 def test_the_fit_reaches_back_two_days_for_a_short_job():
@@ -267,8 +265,8 @@ def test_an_outage_far_longer_than_the_model_refits_it_from_the_regime_change(mo
     assert stale.outage_ticks < 4.0
     # the first outage after the change reaches twice the mean (6 ticks) at row 466 + 5
     assert refit.first_surprise(h, stale.tier_of, stale.outage_ticks, 451, row) == 471
-    policy = make_policy("markov")
+    policy = make_policy("markov-tiers")
     assert policy.decide(job_at(row), h.view(row)) == ON_DEMAND
     monkeypatch.setattr(refit, "SURPRISE_RUNS", 1e9)           # the model of row 450 only
     mk._TABLES.clear()
-    assert make_policy("markov").decide(job_at(row), h.view(row)).mode is Mode.IDLE
+    assert make_policy("markov-tiers").decide(job_at(row), h.view(row)).mode is Mode.IDLE

@@ -1,4 +1,4 @@
-"""The `spotrun` policy: it follows the candidate the market seen so far rewarded, safely."""
+"""The `spotrun` policy: it follows the plan unless a rule beat it on the market so far, safely."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from spotrun.decide.policy import JobProgress, make_policy
 from spotrun.decide.policy.market import MarketHistory
 from spotrun.decide.policy import spotrun as sel
 from spotrun.decide.policy.rules import OnDemandPolicy
-from spotrun.decide.policy.spotrun import (CANDIDATES, PLAN, RULE_FIRST, RULES, SpotrunPlanPolicy,
-                                           SpotrunPolicy, choose_candidate, shadow_cost, windows)
+from spotrun.decide.policy.spotrun import (CANDIDATES, PLAN, RULES, SpotrunPolicy,
+                                           choose_candidate, shadow_cost, windows)
 from spotrun.simulate.engine import run_policy
 from spotrun.simulate.model import SimModel, build_model, pick_starts
 from spotrun.simulate.synthetic import regime_change_market
@@ -45,58 +45,34 @@ def start_job(m: SimModel) -> JobProgress:
                        changeover_s=m.changeover_ticks * TICK_S, tick_s=TICK_S)
 
 
-def test_without_history_it_follows_greedy():
+def test_without_history_it_follows_the_plan():
     m = model_of(periodic(400, 10, 30), work=20, deadline=40, changeover=2)
-    p = SpotrunPolicy()
     assert windows(5, 20, 40, 2) == []            # less than a quarter deadline seen
-    assert p.following(start_job(m), m.history.view(5)) == "greedy"
+    assert SpotrunPolicy().following(start_job(m), m.history.view(5)) == PLAN
 
 
-def test_where_waiting_for_spot_lost_it_leaves_greedy_for_the_candidate_that_won():
-    # outages twice as long as the stretches: greedy waits out its slack, then finishes
-    # the job on on-demand; bridging outages on on-demand early is cheaper
-    m = model_of(periodic(600, 5, 10), work=30, deadline=40, changeover=1)
-    view = m.history.view(500)
-    wins = windows(500, 30, 40, 1)
-    assert len(wins) == 16 and all(s + d <= 501 for s, _, d in wins)
-    costs = {n: np.mean([shadow_cost(m.history, s, w, d, 1, n) for s, w, d in wins])
-             for n in RULE_FIRST}
-    chosen = choose_candidate(view, (30, 40, 1), None)
-    assert chosen != "greedy" and costs[chosen] < costs["greedy"]
-    assert costs[chosen] == min(costs.values())
-    # and on the job that follows, that choice costs less than greedy
-    p, g = run_policy(m, make_policy("spotrun"), 501), run_policy(m, make_policy("greedy"), 501)
-    assert p.deadline_met and p.cost_usd < g.cost_usd
-
-
-def test_plan_first_without_history_follows_the_plan():
-    m = model_of(periodic(400, 10, 30), work=20, deadline=40, changeover=2)
-    assert windows(5, 20, 40, 2) == []
-    assert SpotrunPlanPolicy().following(start_job(m), m.history.view(5)) == PLAN
-
-
-def test_plan_first_follows_the_plan_where_its_shadow_runs_won():
+def test_it_follows_the_plan_where_its_shadow_runs_won():
     # outages twice as long as the stretches: the plan bridges them on on-demand early
     m = model_of(periodic(600, 5, 10), work=30, deadline=40, changeover=1)
     wins = windows(500, 30, 40, 1)
+    assert len(wins) == 16 and all(s + d <= 501 for s, _, d in wins)
     costs = {n: np.mean([shadow_cost(m.history, s, w, d, 1, n) for s, w, d in wins])
              for n in CANDIDATES}
-    assert choose_candidate(m.history.view(500), (30, 40, 1), None, plan_first=True) == PLAN
+    assert choose_candidate(m.history.view(500), (30, 40, 1), None) == PLAN
     assert costs[PLAN] < min(costs["greedy"], costs["uniform-progress"])
-    p = run_policy(m, make_policy("spotrun-plan"), 501)
+    p = run_policy(m, make_policy("spotrun"), 501)
     g = run_policy(m, make_policy("greedy"), 501)
     assert p.deadline_met and p.cost_usd < g.cost_usd
 
 
-def test_plan_first_leaves_a_plan_the_windows_show_losing_for_the_better_rule(monkeypatch):
+def test_it_leaves_a_plan_the_windows_show_losing_for_the_better_rule(monkeypatch):
     # the guard itself: a "plan" that always pays on-demand loses every window to both rules
-    monkeypatch.setitem(sel.PLAN_FIRST_CANDIDATES, PLAN, OnDemandPolicy)
     monkeypatch.setitem(sel.CANDIDATES, PLAN, OnDemandPolicy)
     m = model_of(periodic(600, 30, 5), work=30, deadline=60, changeover=1)
     wins = windows(500, 30, 60, 1)
     costs = {n: np.array([shadow_cost(m.history, s, w, d, 1, n) for s, w, d in wins])
              for n in ("greedy", "uniform-progress", PLAN)}
-    chosen = choose_candidate(m.history.view(500), (30, 60, 1), PLAN, plan_first=True)
+    chosen = choose_candidate(m.history.view(500), (30, 60, 1), PLAN)
     assert chosen in RULES and costs[chosen].mean() == min(c.mean() for c in costs.values())
     assert (costs[PLAN] > costs[chosen]).all()
 
@@ -139,24 +115,19 @@ def _slice(which: str, pools: int | None, work_h: float, factor: float) -> SimMo
 
 
 _DEMO_MISS = pytest.mark.xfail(strict=True, reason=(
-    "known miss of plan-first (issue 26, docs/benchmarks.md): a pool up 1 % of the time; "
-    "with no history the plan's prior expects long stretches and pays a changeover on a "
-    "3-tick one"))
+    "a recorded miss (issue 26, docs/benchmarks.md): a pool up 1 % of the time; with no "
+    "history the plan's prior expects long stretches and pays a changeover on a 3-tick one"))
 
 
-@pytest.mark.parametrize("policy,which,pools,work_h,factor", [
-    (p, *c) for p in ("spotrun", "spotrun-plan")
-    for c in (("synthetic", 1, 2.0, 2.0), ("synthetic", 1, 2.0, 5.0),
-              ("synthetic", None, 8.0, 1.5), ("demo", 0, 2.0, 1.5), ("demo", None, 2.0, 5.0))
-    if (p, c[0], c[1]) != ("spotrun-plan", "demo", 0)
-] + [pytest.param("spotrun-plan", "demo", 0, 2.0, 1.5, marks=_DEMO_MISS)])
-def test_never_worse_than_the_better_rule_by_more_than_one_percent(policy, which, pools, work_h,
-                                                                   factor):
+@pytest.mark.parametrize("which,pools,work_h,factor", [
+    ("synthetic", 1, 2.0, 2.0), ("synthetic", 1, 2.0, 5.0), ("synthetic", None, 8.0, 1.5),
+    pytest.param("demo", 0, 2.0, 1.5, marks=_DEMO_MISS), ("demo", None, 2.0, 5.0)])
+def test_never_worse_than_the_better_rule_by_more_than_one_percent(which, pools, work_h, factor):
     m = _slice(which, pools, work_h, factor)
     rows = pick_starts(m, starts=8, seed=1, t0=None)
     mean = {}
-    for name in ("greedy", "uniform-progress", policy):
+    for name in ("greedy", "uniform-progress", "spotrun"):
         runs = [run_policy(m, make_policy(name), int(r)) for r in rows]
         assert all(r.deadline_met for r in runs), name
         mean[name] = float(np.mean([r.cost_usd for r in runs]))
-    assert mean[policy] <= 1.01 * min(mean["greedy"], mean["uniform-progress"])
+    assert mean["spotrun"] <= 1.01 * min(mean["greedy"], mean["uniform-progress"])

@@ -104,15 +104,21 @@ def test_table_output(trace_files):
     assert "spotrun" in res.output and "vs OD" in res.output
 
 
-def test_the_issue_26_candidates_run_by_name(trace_files):
+def test_the_plan_runs_by_name_and_the_old_variants_are_gone(trace_files):
     trace, prices = trace_files
     res = invoke(*base_args(trace, prices), "--starts", "3", "--policy", "markov-tiers",
-                 "--policy", "spotrun-plan", "--json")
+                 "--policy", "spotrun", "--json")
     assert res.exit_code == 0, res.output
     out = json.loads(res.output)["policies"]
-    assert set(out) == {"markov-tiers", "spotrun-plan"}
+    assert set(out) == {"markov-tiers", "spotrun"}
     assert all(s["deadline_met_fraction"] == 1.0 for s in out.values())
     assert "markov-tiers" in invoke("--help").output
+    # issue 41: plan-first is `spotrun`; its old name and the one-tier plan are refused
+    for gone in ("spotrun-plan", "markov"):
+        res = invoke(*base_args(trace, prices), "--policy", gone)
+        assert res.exit_code == 2 and "--policy" in res.output and "Traceback" not in res.output
+        assert "allowed: on-demand, greedy, uniform-progress, optimal, reserve, spotrun, " \
+            "markov-tiers" in res.output
 
 
 @pytest.mark.parametrize("extra,flag", [

@@ -14,10 +14,10 @@ from typing import Callable
 from spotrun.decide.policy.base import (IDLE, ON_DEMAND, Decision, JobProgress, Mode, Policy,
                                         SafePolicy, policy_step, safety_net)
 from spotrun.decide.policy.market import MarketHistory, MarketView
-from spotrun.decide.policy.markov import MarkovPolicy, MarkovTiersPolicy
+from spotrun.decide.policy.markov import MarkovTiersPolicy
 from spotrun.decide.policy.reserve import ReservePolicy
 from spotrun.decide.policy.rules import GreedyPolicy, OnDemandPolicy, UniformProgressPolicy
-from spotrun.decide.policy.spotrun import SpotrunPlanPolicy, SpotrunPolicy
+from spotrun.decide.policy.spotrun import SpotrunPolicy
 from spotrun.errors import BadInputError
 
 POLICIES: dict[str, Callable[[], Policy]] = {
@@ -25,15 +25,13 @@ POLICIES: dict[str, Callable[[], Policy]] = {
     "greedy": GreedyPolicy,
     "uniform-progress": UniformProgressPolicy,
     "reserve": ReservePolicy,
-    "markov": MarkovPolicy,
     "markov-tiers": MarkovTiersPolicy,
     "spotrun": SpotrunPolicy,
-    "spotrun-plan": SpotrunPlanPolicy,
 }
 
 OPTIMAL = "optimal"
-# What `spotrun simulate` runs by default (issue 26's "markov" and "spotrun-plan" are run by
-# bench/policy.py; the simulate CLI accepts only these names).
+# What `spotrun simulate` runs by default; it also takes "markov-tiers" (spotrun's plan without
+# the shadow-run guard) by name.
 ALL_POLICY_NAMES = ["on-demand", "greedy", "uniform-progress", "optimal", "reserve", "spotrun"]
 DEFAULT_POLICY = "spotrun"
 

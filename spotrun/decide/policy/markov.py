@@ -1,6 +1,6 @@
-"""`markov`: plan the job's exact remaining work and slack on a model of the market seen so far.
+"""`markov-tiers`: plan the job's exact remaining work and slack on a model of the market so far.
 
-The plan of `spotrun-plan` (spotrun.py), which follows it unless the recent market's shadow
+The plan of `spotrun` (spotrun.py), which follows it unless the recent market's shadow
 runs show the better simple rule beating it beyond their noise.
 
 - The model (refit every half deadline, on a grid of market rows shared by every run, and
@@ -9,8 +9,8 @@ runs show the better simple rule beating it beyond their noise.
   (markets drift; the job's own span is the best guess for the job's), and at least the
   last 48 h (a short job's span holds too few runs to fit; after a surprise, only the rows
   since the regime change), a Markov chain of the market state: none up, or the cheapest
-  price tier with a pool up (`markov`: one tier, "some pool up"; `markov-tiers`: pools
-  within 5 % of a tier's cheapest price share it, at most 4 tiers, priced at the refit),
+  price tier with a pool up (pools within 5 % of a tier's cheapest price share it, at most
+  4 tiers, priced at the refit; one pool, or flat prices: one tier, "some pool up"),
   fitted on the state's own transitions; per tier, the reclaim hazard of a job on spot
   (the reclaims a job placed the plan's way would have met on the fit's rows, over its
   ticks on spot: pools differ, and it takes the cheapest, longest-up one and stays), the
@@ -195,11 +195,13 @@ def cheapest_up(market: MarketView, tier_of: tuple[int, ...]) -> tuple[int, int]
     return (0, -1) if best < 0 else (1 + tier_of[best], best)
 
 
-class MarkovPolicy(SafePolicy):
-    """Follows the plan solved on the market model of the latest refit (a `spotrun` candidate)."""
+class MarkovTiersPolicy(SafePolicy):
+    """Follows the plan solved on the market model of the latest refit (`spotrun`'s plan).
 
-    name = "markov"
-    max_tiers = 1
+    The pools are in price tiers: it may wait for a cheaper pool while a dearer one is up."""
+
+    name = "markov-tiers"
+    max_tiers = MAX_TIERS
 
     def __init__(self) -> None:
         self._sizes: tuple[float, float, float, float] | None = None
@@ -264,9 +266,3 @@ class MarkovPolicy(SafePolicy):
                 return Decision(Mode.SPOT, market.pools[best])
         return IDLE
 
-
-class MarkovTiersPolicy(MarkovPolicy):
-    """`markov` with the pools in price tiers: it may wait for a cheaper pool while a dearer one is up."""
-
-    name = "markov-tiers"
-    max_tiers = MAX_TIERS

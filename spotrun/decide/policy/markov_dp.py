@@ -1,4 +1,4 @@
-"""The `markov` candidate's planner: backward induction for one job shape on a fitted market.
+"""The `markov-tiers` plan's solver: backward induction for one job shape on a fitted market.
 
 The market model (markov.fit) is a Markov chain over price tiers: the pools fall into a few
 tiers by price, and the market state is "none up" or "the cheapest tier with a pool up is

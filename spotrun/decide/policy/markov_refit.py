@@ -1,10 +1,10 @@
-"""When the `markov` plans refit their market model, besides every half deadline.
+"""When the `markov-tiers` plan refits its market model, besides every half deadline.
 
 Two events make the model of the latest refit stale before its time, and each refits it
 at the row it is seen (so the refit rows, like every choice, are a function of the market
 rows and the job's shape: a restarted daemon finds the same ones):
 
-- the pools' price tiers change (`markov-tiers` only): a plan must not go on waiting for
+- the pools' price tiers change (with more than one tier): a plan must not go on waiting for
   last week's cheap pool once it is the dear one;
 - a surprise: no pool has been up for SURPRISE_RUNS times the model's mean outage. The
   market has likely changed regime (outages grew), so the refit fits only the rows after

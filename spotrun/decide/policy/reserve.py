@@ -1,6 +1,7 @@
-"""`reserve`: spotrun's own candidate policy (multi-pool, deadline-aware, from the observed market).
+"""`reserve`: a multi-pool, deadline-aware policy with a slack reserve, from the observed market.
 
-The `spotrun` policy (select.py) follows it where the market seen so far rewards it.
+Issue 7's `spotrun`, then a candidate of issue 14's rule-first selector; kept as a named
+policy (the one that moves a running job from one spot pool to another; docs/simulate.md).
 
 Everything it uses is known at run time: each pool's history so far (up- and
 down-time, reclaims, up-stretch lengths), prices now, and the job's progress and
@@ -84,7 +85,7 @@ class _PoolModel:
 
 
 class ReservePolicy(SafePolicy):
-    """Multi-pool, deadline-aware policy with a slack reserve (a candidate of `spotrun`)."""
+    """Multi-pool, deadline-aware policy with a slack reserve (issue 7's `spotrun`)."""
 
     name = "reserve"
 

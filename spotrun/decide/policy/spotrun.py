@@ -1,17 +1,11 @@
-"""spotrun's policy: follow the candidate the market seen so far rewarded, under the safety net.
+"""spotrun's policy: follow the plan unless the market seen so far showed a rule beating it.
 
-Two ways of choosing, both from shadow runs on the market seen so far:
-
-- rule-first (`spotrun`, the daemon's default as landed): candidates greedy, Uniform
-  Progress (the two simple rules) and `reserve`; it follows the better rule, and `reserve`
-  only where it beats that rule by more than the standard error of its saving over the
-  windows (plus the changeover when it is not already followed). With no window, greedy.
-- plan-first (`spotrun-plan`, issue 26): candidates `markov-tiers` (the plan: the job's
-  exact remaining work and slack solved on a model of the market seen so far, with the
-  pools in price tiers, markov.py) and the two rules; it follows the plan unless the
-  better rule beat it by more than twice the standard error of the difference over the
-  windows (plus the changeover when the plan is already followed). With no window, the
-  plan. `PLAN_FIRST` makes `spotrun` choose this way.
+Candidates: `markov-tiers` (the plan: the job's exact remaining work and slack solved on a
+model of the market seen so far, with the pools in price tiers, markov.py) and the two
+simple rules, greedy and Uniform Progress. It follows the plan unless the better rule
+beat it by more than twice the standard error of the difference over the windows (plus
+the changeover when the plan is already followed). With no window, the plan. (Issue 26;
+the rule-first selector it replaced, and why it lost: docs/benchmarks.md.)
 
 The policy cannot know the future, so it asks the past: it replays each candidate, in
 shadow, on the job's own shape (work, deadline, changeover, in ticks) placed on the most
@@ -42,25 +36,16 @@ from spotrun.decide.policy.base import IDLE, Decision, JobProgress, Policy, job_
 from spotrun.decide.policy.market import MarketHistory, MarketView
 from spotrun.decide.policy.markov import MarkovTiersPolicy
 from spotrun.decide.policy.replay import replay
-from spotrun.decide.policy.reserve import ReservePolicy
 from spotrun.decide.policy.rules import GreedyPolicy, UniformProgressPolicy
 
-# Candidates of each way of choosing, in order of preference on a tie: the simplest first.
-RULE_FIRST: dict[str, type] = {"greedy": GreedyPolicy, "uniform-progress": UniformProgressPolicy,
-                               "reserve": ReservePolicy}
 PLAN = "markov-tiers"
-PLAN_FIRST_CANDIDATES: dict[str, type] = {"greedy": GreedyPolicy,
-                                          "uniform-progress": UniformProgressPolicy,
-                                          PLAN: MarkovTiersPolicy}
-# Every candidate by name (the shadow runs' cache is shared by both ways).
-CANDIDATES: dict[str, type] = {**RULE_FIRST, **PLAN_FIRST_CANDIDATES}
-# Whether `spotrun` (the daemon's default) chooses plan-first: off until the plan meets
-# issue 26's acceptance (docs/benchmarks.md has both ways' figures).
-PLAN_FIRST = False
+# The candidates by name, in order of preference on a tie: the simplest first.
+CANDIDATES: dict[str, type] = {"greedy": GreedyPolicy, "uniform-progress": UniformProgressPolicy,
+                               PLAN: MarkovTiersPolicy}
 RULES = ("greedy", "uniform-progress")
 WINDOWS = 16
-# Plan-first leaves the plan only for a rule that beat it by this many standard errors: at
-# one, the windows' noise alone often sent it to a rule that then lost (issue 26 figures).
+# The plan is left only for a rule that beat it by this many standard errors: at one, the
+# windows' noise alone often sent it to a rule that then lost (issue 26 figures).
 PLAN_GUARD_SE = 2.0
 # Choice points and window grid per deadline.
 POINTS_PER_DEADLINE = 4
@@ -102,18 +87,16 @@ def windows(now: int, work: int, deadline: int, changeover: int) -> list[tuple[i
 
 
 def choose_candidate(market: MarketView, shape: tuple[int, int, int],
-                     current: str | None, plan_first: bool = False) -> str:
+                     current: str | None) -> str:
     """The candidate to follow from here (see the module docstring)."""
     work, deadline, changeover = shape
-    default = PLAN if plan_first else "greedy"
     wins = windows(market.now, work, deadline, changeover)
     if not wins:
-        return current or default
+        return current or PLAN
     h = market.h
-    names = PLAN_FIRST_CANDIDATES if plan_first else RULE_FIRST
     costs = {name: np.array([shadow_cost(h, s, w, d, changeover, name) for s, w, d in wins])
-             for name in names}
-    current = current or default
+             for name in CANDIDATES}
+    current = current or PLAN
     margin = changeover * h.tick_s / 3600.0 * h.od_price_usd_per_hour
     mean = {n: float(c.mean()) for n, c in costs.items()}
     # the better rule: the one with the lower mean (a switch between rules must still save
@@ -121,20 +104,9 @@ def choose_candidate(market: MarketView, shape: tuple[int, int, int],
     rule = min(RULES, key=lambda n: mean[n])
     if current in RULES and rule != current and mean[rule] >= mean[current] - margin:
         rule = current
-    if plan_first:
-        # the plan unless that rule beat it beyond the windows' own noise (and the move)
-        leave = margin if current == PLAN else 0.0
-        return rule if beats(costs[rule], costs[PLAN], leave, PLAN_GUARD_SE) else PLAN
-    best = rule
-    # an own candidate only when it beats that rule beyond the windows' own noise (staying
-    # on it needs no move)
-    for name in names:
-        if name in RULES:
-            continue
-        move = 0.0 if name == current else margin
-        if beats(costs[name], costs[rule], move) and mean[name] < mean[best]:
-            best = name
-    return best
+    # the plan unless that rule beat it beyond the windows' own noise (and the move)
+    leave = margin if current == PLAN else 0.0
+    return rule if beats(costs[rule], costs[PLAN], leave, PLAN_GUARD_SE) else PLAN
 
 
 def beats(ours: np.ndarray, theirs: np.ndarray, margin_usd: float, se: float = 1.0) -> bool:
@@ -146,14 +118,12 @@ def beats(ours: np.ndarray, theirs: np.ndarray, margin_usd: float, se: float = 1
 
 
 class SpotrunPolicy:
-    """Follows the candidate the market seen so far rewarded (the daemon's default)."""
+    """Follows the plan unless a rule beat it on the market seen so far (the daemon's default)."""
 
     name = "spotrun"
 
-    def __init__(self, plan_first: bool | None = None) -> None:
-        self.plan_first = PLAN_FIRST if plan_first is None else plan_first
-        names = PLAN_FIRST_CANDIDATES if self.plan_first else RULE_FIRST
-        self._followers: dict[str, Policy] = {n: cls() for n, cls in names.items()}
+    def __init__(self) -> None:
+        self._followers: dict[str, Policy] = {n: cls() for n, cls in CANDIDATES.items()}
         self._shape: tuple[int, int, int] | None = None
         self._start = 0                          # market row of the job's first tick
         self._choices: list[str] = []            # the choice at each choice point so far
@@ -174,7 +144,7 @@ class SpotrunPolicy:
             at = start + len(self._choices) * grid
             prev = self._choices[-1] if self._choices else None
             view = market.h.view(min(max(at, 0), market.now))
-            self._choices.append(choose_candidate(view, shape, prev, self.plan_first))
+            self._choices.append(choose_candidate(view, shape, prev))
         return self._choices[points - 1]
 
     def decide(self, job: JobProgress, market: MarketView) -> Decision:
@@ -183,12 +153,3 @@ class SpotrunPolicy:
             return IDLE
         name = self.following(job, market)
         return safety_net(job, self._followers[name].decide(job, market))
-
-
-class SpotrunPlanPolicy(SpotrunPolicy):
-    """`spotrun` choosing plan-first: the `markov-tiers` plan unless a rule beat it (issue 26)."""
-
-    name = "spotrun-plan"
-
-    def __init__(self) -> None:
-        super().__init__(plan_first=True)
