@@ -56,8 +56,6 @@ def error_code(exc: BaseException) -> str:
 
 def use_retries(client: Any, policy: RetryPolicy) -> Any:
     """Put botocore's standard retry handler, with our limits, on a client (also one given)."""
-    if not hasattr(getattr(client, "meta", None), "events"):
-        return client   # not a botocore client (a test double): nothing to configure
     from botocore.retries import quota, standard
 
     class Conditions(standard.StandardRetryConditions):

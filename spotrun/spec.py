@@ -380,7 +380,7 @@ class JobSpec:
 def job_spec(job: Any) -> JobSpec:
     """A stored job's spec, its deadline on the provider's clock once the daemon fixed it."""
     spec = spec_from_dict(job.spec)
-    deadline_at = getattr(job, "deadline_at", None)
+    deadline_at = job.deadline_at
     if deadline_at is not None and spec.policy.deadline is not None:
         spec = replace(spec, policy=replace(spec.policy, deadline=deadline_at.isoformat()))
     return spec

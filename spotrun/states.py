@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from enum import Enum
+from typing import Any
 
 
 class JobState(str, Enum):
@@ -162,25 +163,25 @@ def check_transition(table: dict, current: Enum, to: Enum) -> bool:
     return True
 
 
-def move_job(job: object, to: JobState) -> bool:
+def move_job(job: Any, to: JobState) -> bool:
     """Set job.state to `to` if the table allows it; True when it changed."""
-    changed = check_transition(JOB_TRANSITIONS, getattr(job, "state"), to)
+    changed = check_transition(JOB_TRANSITIONS, job.state, to)
     if changed:
-        setattr(job, "state", to)
+        job.state = to
     return changed
 
 
-def move_attempt(attempt: object, to: AttemptState) -> bool:
+def move_attempt(attempt: Any, to: AttemptState) -> bool:
     """Set attempt.state to `to` if the table allows it; True when it changed."""
-    changed = check_transition(ATTEMPT_TRANSITIONS, getattr(attempt, "state"), to)
+    changed = check_transition(ATTEMPT_TRANSITIONS, attempt.state, to)
     if changed:
-        setattr(attempt, "state", to)
+        attempt.state = to
     return changed
 
 
-def move_node(node: object, to: NodeState) -> bool:
+def move_node(node: Any, to: NodeState) -> bool:
     """Set node.state to `to` if the table allows it; True when it changed."""
-    changed = check_transition(NODE_TRANSITIONS, getattr(node, "state"), to)
+    changed = check_transition(NODE_TRANSITIONS, node.state, to)
     if changed:
-        setattr(node, "state", to)
+        node.state = to
     return changed

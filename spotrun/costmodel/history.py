@@ -105,7 +105,7 @@ class DbHistory:
             key = (a.instance_type, a.zone)
             hrs, recl, caught, rs, rn = acc.setdefault(key, [0.0, 0.0, 0.0, 0.0, 0.0])
             end = a.ended_at or now
-            running_at = getattr(a, "running_at", None)
+            running_at = a.running_at
             if running_at is not None and running_at >= a.started_at:
                 rs += (running_at - a.started_at).total_seconds()
                 rn += 1
@@ -129,11 +129,10 @@ class DbHistory:
         speeds: dict[str, float] = {}
         save_s: float | None = None
         for a in rows:
-            sps = getattr(a, "steps_per_s", None)
+            sps = a.steps_per_s
             if sps is not None and sps > 0:
                 speeds[a.instance_type] = float(sps)
-            # Per-save blocking seconds, if the daemon records the heartbeat's checkpoint_save_s.
-            cs = getattr(a, "checkpoint_save_s", None)
+            cs = a.checkpoint_save_s   # per-save blocking seconds, from the heartbeats
             if cs is not None and cs >= 0:
                 save_s = float(cs)
         return JobStats(steps_per_s=speeds, checkpoint_save_s=save_s,

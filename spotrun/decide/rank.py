@@ -448,5 +448,5 @@ def _reference_step_s(spec: JobSpec, sps_ref: float | None) -> float | None:
 
 
 def _spec_scaling(spec: JobSpec) -> ScalingCurve | None:
-    raw = getattr(spec.work, "scaling", None)
+    raw = spec.work.scaling
     return ScalingCurve.from_mapping(dict(raw)) if raw else None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 from urllib.parse import urlparse
 
 from spotrun.errors import ConfigError
@@ -21,9 +22,9 @@ class NotifyConfig:
         return self.routes.get(event, tuple(self.webhooks))
 
 
-def parse_notify(settings: object) -> NotifyConfig:
+def parse_notify(settings: Any) -> NotifyConfig:
     """Validate `[notify] webhooks` and `routes`; ConfigError names the bad entry."""
-    n = getattr(settings, "notify")
+    n = settings.notify
     hooks: dict[str, str] = {}
     for i, entry in enumerate(n.webhooks):
         name, sep, url = entry.partition("=")

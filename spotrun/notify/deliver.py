@@ -13,7 +13,7 @@ import threading
 import urllib.error
 import urllib.request
 from datetime import timedelta
-from typing import Callable
+from typing import Any, Callable
 
 import structlog
 from sqlalchemy.engine import Engine
@@ -36,11 +36,11 @@ def http_post(url: str, body: bytes, headers: dict[str, str], timeout_s: float) 
 class Deliverer:
     """One worker thread sending queued outbox rows; never blocks the caller."""
 
-    def __init__(self, engine: Engine, webhooks: dict[str, str], settings: object,
+    def __init__(self, engine: Engine, webhooks: dict[str, str], settings: Any,
                  post: Post | None = None) -> None:
         self.engine = engine
         self.webhooks = webhooks
-        self.cfg = getattr(settings, "notify")
+        self.cfg = settings.notify
         self.post = post or http_post
         self._queue: "queue.Queue[int | None]" = queue.Queue()
         self._in_flight: set[int] = set()
