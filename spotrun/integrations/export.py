@@ -18,6 +18,8 @@ from spotrun.checkpoints import Manifest
 from spotrun.errors import CheckpointError
 from spotrun.integrations._common import SEP, download
 from spotrun.store.base import ObjectStore
+from spotrun.torch.flatten import Slot, decode
+from spotrun.torch.storage import read_checkpoint
 
 STATE_DICT_FILE = "model.pt"
 SAFETENSORS_FILE = "model.safetensors"
@@ -27,8 +29,6 @@ def state_dict_of(store: ObjectStore, manifest: Manifest) -> dict[str, torch.Ten
     """The model's tensors in one checkpoint, by parameter name (on CPU)."""
     kind = manifest.extra.get("kind")
     if kind == "spotrun.torch/1":
-        from spotrun.torch.flatten import Slot, decode
-        from spotrun.torch.storage import read_checkpoint
         _, meta, data = read_checkpoint(store, manifest.name)
         tree = decode(meta["structure"], [Slot.from_json(s) for s in meta["slots"]], data)
         model = tree.get("model") if isinstance(tree, dict) else None

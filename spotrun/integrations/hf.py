@@ -34,9 +34,11 @@ from transformers import TrainerCallback
 
 from spotrun import jobfiles
 from spotrun.checkpoints import read_manifest
-from spotrun.integrations._common import (Notice, Progress, download, env_interval_s,
-                                          env_keep, folder_files, job_store, newest_of_kind,
-                                          note_save, restore_job_files, upload_files)
+from spotrun.integrations._common import (SEP, Notice, Progress, _sha_file, download,
+                                          env_interval_s, env_keep, folder_files, job_store,
+                                          newest_of_kind, note_save, restore_job_files,
+                                          upload_files)
+from spotrun.torch.rng import get_rng_state, set_rng_state
 
 log = logging.getLogger("spotrun.integrations.hf")
 
@@ -218,7 +220,6 @@ class SpotrunCallback(TrainerCallback):
         The random state is left as it was (and the re-saved folder keeps the RNG files
         Trainer will restore), so training goes on exactly as after the original evaluation.
         """
-        from spotrun.torch.rng import get_rng_state, set_rng_state
         due, self._due_evaluation = self._due_evaluation or {}, None
         trainer = self.trainer
         step = int(state.global_step)
@@ -291,7 +292,6 @@ def write_state(folder: Path, body: dict[str, Any]) -> None:
 
 def _has_files(dest: Path, manifest: Any) -> bool:
     """Every file of the checkpoint is already in dest, byte for byte (restored with the job's)."""
-    from spotrun.integrations._common import SEP, _sha_file
     for flat, meta in manifest.files.items():
         if flat == jobfiles.INDEX:
             continue
