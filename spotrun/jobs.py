@@ -80,7 +80,7 @@ def submit(sub: Submission, engine: Engine, progress: ProgressFn | None = None) 
     between the upload and the commit can leave a bundle behind: under its own fresh job id,
     referenced by no row, so nothing ever reads it.
     """
-    from spotrun.dbfaults import check_writable
+    from spotrun.db.faults import check_writable
     check_writable(engine)
     from spotrun.budgets.submit import os_user, refuse_unfit
     owner = sub.owner or os_user()

@@ -135,8 +135,8 @@ def health(settings: Settings) -> tuple[bool, str, dict[str, Any]]:
 
     Writes nothing: a broken, locked or newer database is named from a read-only look.
     """
-    from spotrun.dbfaults import database_error, probe
-    from spotrun.migrations import LATEST
+    from spotrun.db.faults import database_error, probe
+    from spotrun.db.migrations import LATEST
     url = settings.database_url
     look = probe(url, timeout_s=settings.db_busy_timeout_s, latest=LATEST)
     if look.kind == "missing":

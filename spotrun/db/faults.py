@@ -391,7 +391,7 @@ def _version(execute: Any) -> int | None:
 
 def _probe_sqlalchemy(url: str, what: str, timeout_s: float, latest: int) -> Probe:
     from sqlalchemy import inspect, text
-    from spotrun.db import make_engine
+    from spotrun.db.models import make_engine
     try:
         engine = make_engine(url, busy_timeout_s=timeout_s)   # bounded connect and lock waits
         try:

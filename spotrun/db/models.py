@@ -261,7 +261,7 @@ def make_engine(url: str, *, busy_timeout_s: float | None = None,
     closes it, and closing any descriptor of it drops the POSIX locks SQLite's open
     connections hold on it (another process may then reset the WAL under them).
     """
-    from spotrun.dbfaults import check_sqlite_file, remember, sqlite_path
+    from spotrun.db.faults import check_sqlite_file, remember, sqlite_path
     timeout_s = DEFAULT_BUSY_TIMEOUT_S if busy_timeout_s is None else busy_timeout_s
     remember(url, timeout_s)
     path = sqlite_path(url)
@@ -299,8 +299,8 @@ def make_engine(url: str, *, busy_timeout_s: float | None = None,
 def init_db(engine: Engine, *, busy_timeout_s: float | None = None) -> None:
     """Create missing tables, upgrade an older schema, record the version (several processes
     may do this at once: it runs under the schema lock, with a bounded wait)."""
-    from spotrun.dbfaults import database_error, schema_lock
-    from spotrun.migrations import upgrade
+    from spotrun.db.faults import database_error, schema_lock
+    from spotrun.db.migrations import upgrade
     timeout_s = DEFAULT_BUSY_TIMEOUT_S if busy_timeout_s is None else busy_timeout_s
     try:
         with schema_lock(engine, timeout_s):
@@ -330,7 +330,7 @@ def open_settings_db(settings: Any) -> Engine:
 
 def database_missing(settings: Any) -> bool:
     """True when the settings' SQLite database file does not exist yet (nothing to look up)."""
-    from spotrun.dbfaults import sqlite_path
+    from spotrun.db.faults import sqlite_path
     path = sqlite_path(settings.database_url)
     return path is not None and not path.exists() and not path.is_dir()
 
