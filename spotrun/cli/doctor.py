@@ -9,7 +9,7 @@ from spotrun.cli.common import echo_json, get_settings, json_option
 
 def database_check(settings) -> dict[str, str]:
     """One report line about the state database: readable, lock free, schema not newer."""
-    from spotrun.db.faults import probe
+    from spotrun.db.probe import probe
     from spotrun.db.migrations import LATEST
     look = probe(settings.database_url, timeout_s=settings.db_busy_timeout_s, latest=LATEST)
     # A missing database is made by the first command; an older one is upgraded on open.
