@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
-from spotrun import jobfiles
+from spotrun.checkpoints import jobfiles
 from spotrun.errors import ChecksumMismatch, ObjectNotFound, StoreError
 from spotrun.store.base import ObjectStore
 
@@ -24,7 +24,7 @@ MANIFEST = "MANIFEST.json"
 INDEX = "files.json"   # the job's persisted files (spotrun/jobfiles.py), when a checkpoint has them
 FORMAT = 1
 _NAME_RE = re.compile(r"^ckpt-(\d{12})$")
-log = logging.getLogger(__name__)
+log = logging.getLogger("spotrun.checkpoints")   # one logger for the package
 
 
 @dataclass(frozen=True)
