@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
 
+from spotrun.checkpoints.manifests import read_manifest
 from spotrun.errors import ChecksumMismatch, ObjectNotFound, StoreError
 from spotrun.store.base import ObjectStore
 from spotrun.store.localfile import TMP_PREFIX
@@ -514,7 +515,6 @@ def _part_bytes(store: ObjectStore, name: str, rel: str, part: Mapping[str, Any]
         data = store.get_bytes(blob_key(part["blob"]))
         ok = len(data) == part["size"] and _sha(data) == part["blob"]
     else:
-        from spotrun.checkpoints.folders import read_manifest
         data = store.get_bytes(f"{part['ckpt']}/{part['file']}")
         if part["ckpt"] not in manifests:
             manifests[part["ckpt"]] = read_manifest(store, part["ckpt"])
