@@ -37,6 +37,11 @@ class Submission:
     owner: str = ""                   # who submits ("" = the OS user running submit)
     settings: Settings | None = None  # the settings it was validated under ([budgets])
 
+    def job_owner(self) -> str:
+        """Whose job it is: the owner given, else the OS user running submit."""
+        from spotrun.budgets.submit import os_user
+        return self.owner or os_user()
+
 
 def validate_submission(path: str | Path, settings: Settings, *,
                         owner: str | None = None) -> Submission:
@@ -82,8 +87,8 @@ def submit(sub: Submission, engine: Engine, progress: ProgressFn | None = None) 
     """
     from spotrun.db.faults import check_writable
     check_writable(engine)
-    from spotrun.budgets.submit import os_user, refuse_unfit
-    owner = sub.owner or os_user()
+    from spotrun.budgets.submit import refuse_unfit
+    owner = sub.job_owner()
     if sub.settings is not None:   # before the upload: a refused job writes nothing
         refuse_unfit(sub.settings, engine, sub.spec.project, owner, sub.spec.policy.budget_usd)
     with session(engine) as s:

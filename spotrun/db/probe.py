@@ -11,7 +11,8 @@ from typing import Any
 from sqlalchemy import inspect, text
 
 from spotrun.db.engine import make_engine
-from spotrun.db.faults import check_sqlite_file, database_error, describe_holders, sqlite_path, where
+from spotrun.db.faults import (check_sqlite_file, database_error, describe_holders, sqlite_path,
+                               where)
 from spotrun.errors import DatabaseError
 
 

@@ -15,7 +15,7 @@ import shlex
 
 import yaml
 
-from spotrun.agent.userdata import MARKER, with_shutdown_command
+from spotrun.providers.bootconfig import MARKER, with_shutdown_command
 from spotrun.errors import ConfigError, ProviderError
 
 AGENT_DIR = "/var/lib/spotrun"      # the agent's --dir on every instance (AGENT_UNIT says it)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import shlex
 from typing import Any, Iterable
 
-from spotrun.agent.userdata import with_shutdown_command
+from spotrun.providers.bootconfig import with_shutdown_command
 from spotrun.errors import ConfigError, ProviderError
 
 AGENT_CONFIG_KEY = "spotrun-agent-config"     # instance metadata: the AgentConfig JSON
