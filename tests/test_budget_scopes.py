@@ -15,7 +15,7 @@ from click.testing import CliRunner
 from sqlalchemy import create_engine, inspect, text
 from sqlmodel import select
 
-from spotrun.budgets.config import BudgetsSettings, ScopeBudget
+from spotrun.config import BudgetsSettings, ScopeBudget
 from spotrun.budgets.periods import window
 from spotrun.budgets.standing import read_standing
 from spotrun.budgets.submit import os_user

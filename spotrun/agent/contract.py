@@ -8,9 +8,9 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 from spotrun.agent.config import AgentConfig
-from spotrun.budgets.config import TAG_OWNER, TAG_PROJECT
 from spotrun.config import Settings
-from spotrun.providers.base import TAG_ATTEMPT, TAG_JOB, TAG_MANAGED, TAG_NODE, LaunchRequest, Pool
+from spotrun.providers.base import (TAG_ATTEMPT, TAG_JOB, TAG_MANAGED, TAG_NODE, TAG_OWNER,
+                                    TAG_PROJECT, LaunchRequest, Pool)
 from spotrun.providers.facts import facts_for
 from spotrun.spec import JobSpec, spec_from_dict
 

@@ -27,7 +27,7 @@ from typing import Any, Iterable
 from sqlalchemy import text
 from sqlmodel import select
 
-from spotrun.budgets.config import BudgetsSettings, scope_key
+from spotrun.config import BudgetsSettings, scope_key
 from spotrun.budgets.standing import ScopeStanding, read_standing
 from spotrun.db import Job, add_event, session
 from spotrun.errors import SpotrunError

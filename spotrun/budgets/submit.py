@@ -5,7 +5,7 @@ from __future__ import annotations
 import getpass
 from typing import Any
 
-from spotrun.budgets.config import OWNER_RE, OWNER_RULE, UNKNOWN_OWNER
+from spotrun.config import OWNER_RE, OWNER_RULE, UNKNOWN_OWNER
 from spotrun.errors import BadInputError
 
 

@@ -18,6 +18,10 @@ TAG_JOB = "spotrun:job"
 TAG_ATTEMPT = "spotrun:attempt"
 TAG_MANAGED = "spotrun:managed"
 TAG_NODE = "spotrun:node"          # the node rank an instance was launched for (multi-node)
+# Whose budget (docs/budgets.md), so the cloud's own bill (AWS cost-allocation tags, GCP labels)
+# groups like spotrun's budgets.
+TAG_PROJECT = "spotrun:project"
+TAG_OWNER = "spotrun:owner"
 
 
 @dataclass(frozen=True)

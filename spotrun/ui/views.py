@@ -302,7 +302,7 @@ def budgets_view(settings: Any, *, engine: Any = None, now: datetime | None = No
 
 def _scope_hits(settings: Any, pairs: Any) -> list[str]:
     """The budget keys each (project, owner) pair spends from, flattened."""
-    from spotrun.budgets.config import scope_key
+    from spotrun.config import scope_key
     return [scope_key(sc, n) for project, owner in pairs
             for sc, n, _ in settings.budgets.of_job(project, owner)]
 
