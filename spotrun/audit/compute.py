@@ -28,7 +28,7 @@ from spotrun.db import Attempt, AttemptNode, Job, JobRows, PricePointsOnce, Spen
     events_by_job, iter_jobs, jobs_by_ref, rows_by_job
 from spotrun.errors import NotFoundError
 from spotrun.ledger.intervals import seconds_between
-from spotrun.ledger.rules import SpendKind
+from spotrun.providers.billing_rules import SpendKind
 from spotrun.states import EndReason, JobState, Market
 
 OdPrice = Callable[[str], "float | None"]

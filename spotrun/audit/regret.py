@@ -22,7 +22,7 @@ from typing import Any, Callable
 from sqlmodel import Session, select
 
 from spotrun.db import Job, JobRows, SpendEntry
-from spotrun.ledger.rules import SpendKind
+from spotrun.providers.billing_rules import SpendKind
 
 # (session, job, its rows read in bulk or None) -> (SimModel, start row) or None; set by
 # whoever can build the model. The rows (spotrun.db.JobRows) spare a query per job.

@@ -25,7 +25,7 @@ from spotrun.ledger.booking import BookingConflict, book_attempt, instance_times
 from spotrun.ledger.budget import budget_check, job_budget_usd, request_budget_stop
 from spotrun.ledger.committed import committed_by_attempt
 from spotrun.ledger.intervals import seconds_between
-from spotrun.ledger.rules import BillingRules
+from spotrun.providers.billing_rules import BillingRules
 from spotrun.providers.facts import rules_for
 from spotrun.ledger.storage import StoreOpener, book_storage, measure_job_storage, storage_key
 from spotrun.providers.base import InstanceInfo, Provider

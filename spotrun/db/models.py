@@ -179,7 +179,7 @@ class SpendEntry(SQLModel, table=True):
     attempt_id: int | None = Field(default=None, index=True)
     instance_id: str | None = None
     kind: str = "compute"               # compute | storage | volume | correction
-    #   | adjustment | requests: spotrun.ledger.rules.SpendKind
+    #   | adjustment | requests: spotrun.providers.billing_rules.SpendKind
     market: str | None = None
     instance_type: str | None = None
     zone: str | None = None
