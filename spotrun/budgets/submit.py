@@ -43,7 +43,7 @@ def refuse_unfit(settings: Any, engine: Any, project: str, owner: str,
     from spotrun.budgets.standing import EPSILON_USD, read_standing, usd
     from spotrun.db import session
     from spotrun.ledger.committed import stop_margin_s
-    from spotrun.ui.clock import provider_now, time_scale
+    from spotrun.providers.timescale import provider_now, time_scale
     with session(engine) as s:
         standing = read_standing(s, settings.budgets, provider_now(settings),
                                  stop_margin_s(time_scale(settings)), only=budgets)

@@ -31,7 +31,7 @@ VERBS: dict[str, str] = {
     "market": "spotrun.cli.market:market",
     "demo": "spotrun.cli.demo:demo",
     "doctor": "spotrun.cli.doctor:doctor",
-    "ui": "spotrun.ui.cli:ui",
+    "ui": "spotrun.cli.ui:ui",
 }
 
 HELP = {

@@ -25,7 +25,7 @@ from spotrun.audit.reclaims import RECLAIMED_EVENT, AttemptReports, ToMarket, at
     reclaim_times
 from spotrun.reports import ExitReport, Heartbeat, Notice, parse_report
 from spotrun.states import EndReason, JobState
-from spotrun.ui.clock import WallToProvider, clock_info, provider_now, time_scale
+from spotrun.providers.timescale import WallToProvider, clock_info, provider_now, time_scale
 
 LOG_TAIL_BYTES = 8000
 
