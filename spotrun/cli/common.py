@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import json
-from datetime import datetime
-from enum import Enum
 from typing import TYPE_CHECKING, Any
 
 import click
 
 from spotrun.config import Settings, load_settings
+from spotrun.contracts import json_default
 
 if TYPE_CHECKING:
     from sqlalchemy.engine import Engine
@@ -32,15 +31,6 @@ def open_state_db(settings: Settings, job_ref: str | None = None) -> "Engine":
         raise NotFoundError(f"no such job {job_ref!r}", field="JOB", value=job_ref,
                             hint="no job has been submitted to this database yet")
     return open_settings_db(settings)
-
-
-def json_default(o: Any) -> Any:
-    """json.dumps default for datetimes and enums."""
-    if isinstance(o, datetime):
-        return o.isoformat()
-    if isinstance(o, Enum):
-        return o.value
-    raise TypeError(f"not JSON serialisable: {type(o).__name__}")
 
 
 def echo_json(data: Any) -> None:

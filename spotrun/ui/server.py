@@ -26,7 +26,7 @@ from importlib import resources
 from typing import Any, Callable
 from urllib.parse import parse_qs, urlparse
 
-from spotrun.cli.common import json_default
+from spotrun.contracts import json_default
 from spotrun.errors import BadInputError, NotFoundError, SpotrunError
 from spotrun.ui import views
 from spotrun.daemon.health import live_loop_health
