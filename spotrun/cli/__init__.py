@@ -88,6 +88,7 @@ class LazyGroup(click.Group):
             ctx.exit(exc.exit_code)
         except Exception as exc:
             # A database that turns locked, broken or unreachable mid-verb: one line, exit 1.
+            # lazy: start-up cost (`spotrun --help` imports no database code)
             from spotrun.db.faults import database_error
             err = database_error(exc)
             if err is None:

@@ -9,6 +9,8 @@ import click
 
 from spotrun.config import Settings, load_settings
 from spotrun.contracts import json_default
+from spotrun.db import database_missing, open_settings_db
+from spotrun.errors import NotFoundError
 
 if TYPE_CHECKING:
     from sqlalchemy.engine import Engine
@@ -25,9 +27,7 @@ def open_state_db(settings: Settings, job_ref: str | None = None) -> "Engine":
     A verb that looks up job_ref on a home with no database yet finds nothing, and creates
     nothing: bad input writes nothing.
     """
-    from spotrun.db import database_missing, open_settings_db
     if job_ref is not None and database_missing(settings):
-        from spotrun.errors import NotFoundError
         raise NotFoundError(f"no such job {job_ref!r}", field="JOB", value=job_ref,
                             hint="no job has been submitted to this database yet")
     return open_settings_db(settings)

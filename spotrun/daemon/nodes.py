@@ -28,6 +28,7 @@ from spotrun.db import Attempt, AttemptNode, Job, add_event, nodes_of, session
 from spotrun.errors import StoreError
 from spotrun.providers.base import InstanceInfo, Pool
 from spotrun.states import EndReason, NodeState, move_node
+from spotrun.providers.facts import facts_for
 
 LIVE_NODE = (NodeState.LAUNCHING, NodeState.RUNNING)
 
@@ -133,7 +134,6 @@ def members_of(nodes: list[AttemptNode]) -> list[AttemptNode]:
 
 
 def _endpoint(ctx: DaemonContext, host: AttemptNode) -> str:
-    from spotrun.providers.facts import facts_for
     port = facts_for(ctx.settings).rdzv_port or free_port()
     return f"{host.private_ip or '127.0.0.1'}:{port}"
 
