@@ -24,7 +24,7 @@ from spotrun.daemon.spend import SpendLoop
 from spotrun.db import Attempt, Job, SpendEntry, open_db, session
 from spotrun.decide.waitkind import reason_kind
 from spotrun.db.migrations import LATEST, stored_version
-from spotrun.notify.config import NotifyConfig
+from spotrun.notify.routes import NotifyConfig
 from spotrun.db.outbox import NotifyOutbox
 from spotrun.notify.scopes import ScopeAlerts
 from spotrun.states import AttemptState, EndReason, JobState, Market

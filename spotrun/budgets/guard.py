@@ -33,7 +33,7 @@ from spotrun.db import Job, add_event, session
 from spotrun.errors import SpotrunError
 from spotrun.ledger.committed import launch_commitment_usd, stop_margin_s
 from spotrun.states import JobState, move_job
-from spotrun.notify.config import parse_notify
+from spotrun.notify.routes import parse_notify
 from spotrun.notify.scopes import ScopeAlerts
 
 

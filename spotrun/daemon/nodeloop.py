@@ -32,7 +32,7 @@ from spotrun.daemon.reconcile import LIVE, ReconcileLoop, attempt_running, end_r
 from spotrun.db import Attempt, AttemptNode, Job, add_event, nodes_of, session
 from spotrun.errors import CapacityError, ObjectNotFound, ProviderError, StoreError
 from spotrun.daemon.heartbeats import apply_beat
-from spotrun.progress import attempt_reported, attempt_saved, job_reached
+from spotrun.steps import attempt_reported, attempt_saved, job_reached
 from spotrun.reports import ExitReport, Heartbeat, Notice, parse_report, read_report
 from spotrun.providers.base import InstanceInfo, Pool
 from spotrun.states import (AttemptState, EndReason, InstanceState, NodeState, move_attempt,

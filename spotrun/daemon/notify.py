@@ -17,7 +17,7 @@ from sqlmodel import func, select
 from spotrun.daemon.context import DaemonContext
 from spotrun.db import Event, Meta, session, utcnow
 from spotrun.notify import events as ev
-from spotrun.notify.config import parse_notify
+from spotrun.notify.routes import parse_notify
 from spotrun.notify.deliver import Deliverer, Post
 from spotrun.db.outbox import NotifyOutbox, add_missing
 

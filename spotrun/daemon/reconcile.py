@@ -23,7 +23,7 @@ from spotrun import layout
 from spotrun.agent.fence import fenced_key
 from spotrun.daemon.context import DaemonContext
 from spotrun.daemon.savefail import record_save_failures
-from spotrun.progress import attempt_reported, attempt_saved, job_reached
+from spotrun.steps import attempt_reported, attempt_saved, job_reached
 from spotrun.db import Attempt, Job, add_event, attempts_of, session
 from spotrun.errors import ObjectNotFound, StoreError
 from spotrun.providers.base import InstanceInfo

@@ -30,7 +30,7 @@ from spotrun.decide import MAX_CANDIDATES, Candidate
 from spotrun.decide.deadline import deadline_on_provider_clock
 from spotrun.decide.waitkind import reason_kind
 from spotrun.daemon.reconcile import terminate_attempt
-from spotrun.progress import job_resumes_from
+from spotrun.steps import job_resumes_from
 from spotrun.db import Attempt, Event, Job, add_event, attempts_of, session, utcnow
 from spotrun.errors import CapacityError, ProviderError
 from spotrun.providers.base import TAG_ATTEMPT, Pool, pools_from_json, pools_to_json

@@ -18,7 +18,7 @@ from typing import Any, Iterable
 from sqlalchemy.exc import IntegrityError
 
 from spotrun.db import session
-from spotrun.notify.config import NotifyConfig
+from spotrun.notify.routes import NotifyConfig
 from spotrun.notify.events import Alert
 from spotrun.db.outbox import add_missing
 
