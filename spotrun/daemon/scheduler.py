@@ -33,6 +33,7 @@ from spotrun.daemon.reconcile import terminate_attempt
 from spotrun.steps import job_resumes_from
 from spotrun.db import Attempt, Event, Job, add_event, attempts_of, session, utcnow
 from spotrun.errors import CapacityError, ProviderError
+from spotrun.ledger.budget import budget_check, request_budget_stop
 from spotrun.providers.base import TAG_ATTEMPT, Pool, pools_from_json, pools_to_json
 from spotrun.spec import JobSpec, job_spec, spec_from_dict
 from spotrun.states import AttemptState, EndReason, JobState, Market, move_attempt, move_job
@@ -379,7 +380,6 @@ class SchedulerLoop:
 
     def _budget_allows(self, job: Job, c: Candidate, now: datetime) -> bool:
         """Refuse a launch the model expects to overrun the budget; stop the job instead."""
-        from spotrun.ledger.budget import budget_check, request_budget_stop
         # The next stretch: one checkpoint interval, or the whole remaining work if shorter.
         hours = c.checkpoint_interval_s / 3600.0
         if c.expected_hours is not None:
