@@ -10,6 +10,8 @@ field's `description`, or the message a validator raised with `fail`.
 from __future__ import annotations
 
 import dataclasses
+from datetime import datetime
+from enum import Enum
 from functools import cache
 from types import UnionType
 from typing import Annotated, Any, Iterable, Union, get_args, get_origin, get_type_hints
@@ -122,3 +124,12 @@ def _or_none(value: Any, handler: Any) -> Any:
 
 
 Lenient = WrapValidator(_or_none)   # a report field of the wrong type reads as absent
+
+
+def json_default(o: Any) -> Any:
+    """json.dumps default for what goes out as JSON (CLI, dashboard): datetimes and enums."""
+    if isinstance(o, datetime):
+        return o.isoformat()
+    if isinstance(o, Enum):
+        return o.value
+    raise TypeError(f"not JSON serialisable: {type(o).__name__}")

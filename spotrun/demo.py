@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+import structlog
 from sqlmodel import select
 
 from spotrun.config import Settings, load_settings
@@ -19,6 +20,8 @@ from spotrun.db import Attempt, Job, SpendEntry, attempts_of, session
 from spotrun.errors import BadInputError
 from spotrun.jobs import submit, validate_submission
 from spotrun.states import EndReason
+from spotrun.daemon.app import build_context, build_runner, configure_logging
+from spotrun.providers.local.market import client as market_client
 
 MARKER = ".spotrun-demo"
 DEMO_DIR = Path(__file__).resolve().parent.parent / "configs" / "demo"
@@ -79,8 +82,7 @@ def prepare_home(home: Path, *, time_scale: float, start_tick: int,
 
 def stop_market(home: Path) -> None:
     """Stop the demo's market (and so its instances), if one runs."""
-    from spotrun.providers.local.market.client import stop_market as _stop
-    _stop(home / "market")
+    market_client.stop_market(home / "market")
 
 
 def run_demo(settings: Settings, *, spec_path: Path, stall_s: float,
@@ -91,8 +93,6 @@ def run_demo(settings: Settings, *, spec_path: Path, stall_s: float,
     It waits as long as the job moves (a step, an attempt, a state): a loaded machine makes
     the job slower, never wrong. Only stall_s wall seconds without any move give up.
     """
-    from spotrun.daemon.app import build_context, build_runner
-
     sub = validate_submission(spec_path, settings)
     ctx = build_context(settings)
     ctx.log = _file_logger(settings.home_path / "daemon.log")
@@ -158,8 +158,6 @@ def proof(status: dict[str, Any], audit: dict[str, Any]) -> dict[str, Any]:
 
 def _file_logger(path: Path) -> Any:
     """The daemon's JSON log goes to a file, so the demo's screen shows only its status."""
-    import structlog
-    from spotrun.daemon.app import configure_logging
     configure_logging(stream=open(path, "a", buffering=1))
     return structlog.get_logger("spotrun.daemon")
 

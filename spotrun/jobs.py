@@ -6,6 +6,7 @@ Only the daemon acts on clouds; these functions record requests.
 from __future__ import annotations
 
 import json
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -15,10 +16,14 @@ from sqlalchemy.engine import Engine
 from sqlmodel import Session
 
 from spotrun import layout
+from spotrun.budgets.submit import os_user, refuse_unfit, submit_owner
+from spotrun.bundle import make_bundle
 from spotrun.providers.facts import catalog_for
 from spotrun.config import Settings
 from spotrun.db import Attempt, Job, add_event, find_job, new_job_id, session, utcnow
+from spotrun.db.faults import check_writable
 from spotrun.errors import BadInputError, NotFoundError, SpotrunError
+from spotrun.ledger.budget import raise_budget
 from spotrun.spec import JobSpec, load_spec_file
 from spotrun.states import JobState, move_job
 from spotrun.store import ProgressFn, open_store
@@ -37,12 +42,15 @@ class Submission:
     owner: str = ""                   # who submits ("" = the OS user running submit)
     settings: Settings | None = None  # the settings it was validated under ([budgets])
 
+    def job_owner(self) -> str:
+        """Whose job it is: the owner given, else the OS user running submit."""
+        return self.owner or os_user()
+
 
 def validate_submission(path: str | Path, settings: Settings, *,
                         owner: str | None = None) -> Submission:
     """Validate a spec file against the catalog and the provider's zones, and the owner
     (`--owner`, where `[budgets] allow_owner_override` allows one; writes nothing)."""
-    from spotrun.budgets.submit import submit_owner
     owner = submit_owner(settings, owner)
     catalog = catalog_for(settings)
     zones = known_zones(settings)
@@ -66,6 +74,7 @@ def refuse_never_runs(spec: JobSpec, settings: Settings, catalog: Any,
 
     The catalog's prices suffice: what can never run does not depend on prices.
     """
+    # lazy: start-up cost (the decision imports numpy; `status` imports this module)
     from spotrun.decide.from_settings import decide_for_cli, offline_market
     return decide_for_cli(spec, settings, catalog,
                           offline_market(settings, catalog, zones)).warnings
@@ -81,10 +90,8 @@ def submit(sub: Submission, engine: Engine, progress: ProgressFn | None = None) 
     between the upload and the commit can leave a bundle behind: under its own fresh job id,
     referenced by no row, so nothing ever reads it.
     """
-    from spotrun.dbfaults import check_writable
     check_writable(engine)
-    from spotrun.budgets.submit import os_user, refuse_unfit
-    owner = sub.owner or os_user()
+    owner = sub.job_owner()
     if sub.settings is not None:   # before the upload: a refused job writes nothing
         refuse_unfit(sub.settings, engine, sub.spec.project, owner, sub.spec.policy.budget_usd)
     with session(engine) as s:
@@ -95,8 +102,6 @@ def submit(sub: Submission, engine: Engine, progress: ProgressFn | None = None) 
     bundle = None
     store = None
     if sub.spec.workdir:
-        from spotrun.bundle import make_bundle
-        import tempfile
         store = open_store(sub.store_uri)
         with tempfile.TemporaryDirectory(prefix="spotrun-bundle-") as tmp:
             tar = Path(tmp) / "bundle.tar.gz"
@@ -190,7 +195,6 @@ def resume_job(engine: Engine, ref: str, budget_usd: float | None = None) -> Job
             raise BadInputError(f"job is {job.state.value}; only budget_exhausted or failed jobs "
                                 "can be resumed", field="JOB", value=ref)
         if budget_usd is not None:
-            from spotrun.ledger.budget import raise_budget
             raise_budget(s, job, budget_usd)
         move_job(job, JobState.RECOVERING)
         if job.budget_stop_scope is not None:

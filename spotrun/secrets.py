@@ -39,7 +39,7 @@ def boto3_client_factory(region: str, endpoint_url: str | None = None) -> Client
 
     def make(service: str) -> Any:
         if service not in cache:
-            from spotrun.aws_clients import make_client
+            from spotrun.aws_clients import make_client   # lazy: start-up cost (boto3)
             cache[service] = make_client(service, region=region, endpoint_url=endpoint_url or "")
         return cache[service]
 

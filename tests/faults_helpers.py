@@ -35,7 +35,7 @@ conn.execute("COMMIT")
 # released together race on the database open itself, not on Python start-up.
 RACER = r'''
 import sys
-import spotrun.cli, spotrun.cli.jobs, spotrun.cli.daemon, spotrun.db, spotrun.migrations
+import spotrun.cli, spotrun.cli.jobs, spotrun.cli.daemon, spotrun.db, spotrun.db.migrations
 import spotrun.daemon.app, spotrun.daemon.service
 sys.stdin.readline()
 sys.argv = ["spotrun"] + sys.argv[1:]

@@ -20,7 +20,7 @@ from spotrun.agent.deadman import DeadmanSwitch
 from spotrun.agent.imds import INSTANCE_ACTION, REBALANCE, ImdsClient, endpoint_for
 from spotrun.agent.logship import LogShipper
 from spotrun.agent.notice import NoticeWatcher, notice_poll_interval_wall_s
-from spotrun.agent.progress import ProgressReader
+from spotrun.agent.progress_file import ProgressReader
 from spotrun.agent.runner import notice_outcome
 from spotrun.agent.storeio import Reporter
 from spotrun.agent.userdata import config_from_user_data, embed_config

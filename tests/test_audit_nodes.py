@@ -11,7 +11,7 @@ from spotrun.audit import audit_jobs
 from spotrun.catalog import catalog_od_price
 from spotrun.daemon.spend import SpendLoop
 from spotrun.db import Attempt, AttemptNode, SpendEntry, session
-from spotrun.ledger.rules import SpendKind
+from spotrun.providers.billing_rules import SpendKind
 from spotrun.states import AttemptState, EndReason, JobState, Market, NodeState
 
 from test_ledger_support import P3, ZONE, PriceFeed, at, make_job, new_db

@@ -15,7 +15,7 @@ from click.testing import CliRunner
 from sqlalchemy import create_engine, inspect, text
 from sqlmodel import select
 
-from spotrun.budgets.config import BudgetsSettings, ScopeBudget
+from spotrun.config import BudgetsSettings, ScopeBudget
 from spotrun.budgets.periods import window
 from spotrun.budgets.standing import read_standing
 from spotrun.budgets.submit import os_user
@@ -23,9 +23,9 @@ from spotrun.cli import cli
 from spotrun.daemon.spend import SpendLoop
 from spotrun.db import Attempt, Job, SpendEntry, open_db, session
 from spotrun.decide.waitkind import reason_kind
-from spotrun.migrations import LATEST, stored_version
-from spotrun.notify.config import NotifyConfig
-from spotrun.notify.outbox import NotifyOutbox
+from spotrun.db.migrations import LATEST, stored_version
+from spotrun.notify.routes import NotifyConfig
+from spotrun.db.outbox import NotifyOutbox
 from spotrun.notify.scopes import ScopeAlerts
 from spotrun.states import AttemptState, EndReason, JobState, Market
 

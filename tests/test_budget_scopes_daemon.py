@@ -21,7 +21,7 @@ from polling import wait_for
 from spotrun.cli import cli
 from spotrun.db import Job, SpendEntry, attempts_of, session
 from spotrun.decide.waitkind import reason_kind
-from spotrun.notify.outbox import NotifyOutbox
+from spotrun.db.outbox import NotifyOutbox
 from spotrun.states import EndReason, JobState
 from spotrun.ui.views import budgets_view
 

@@ -20,7 +20,7 @@ from sqlmodel import select
 
 from spotrun.db import Attempt, Job, SpendEntry, open_db, session
 from spotrun.jobs import request_cancel
-from spotrun.ledger.rules import SpendKind
+from spotrun.providers.billing_rules import SpendKind
 from spotrun.providers.facts import rules_for
 from spotrun.states import AttemptState, EndReason, JobState, Market, TerminationCause
 

@@ -9,14 +9,22 @@ dry-run's first candidate: type, zone, market and GPUs used.
 from __future__ import annotations
 
 import json
+from dataclasses import replace
+from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 
 from spotrun.cli import cli
+from spotrun.cli.dryrun import dry_run_request
+from spotrun.cli.marketview import decide_on_market
 from spotrun.config import load_settings
-from spotrun.db import open_db
+from spotrun.daemon.app import build_context
+from spotrun.daemon.scheduler import SchedulerLoop
+from spotrun.db import attempts_of, open_db, session
+from spotrun.jobs import submit, validate_submission
+from spotrun.providers.facts import catalog_for
 from daemon_helpers import DaemonProc, jobs_and_attempts, submit_job
 from conftest import write_prices, write_trace
 from polling import wait_for
@@ -128,3 +136,33 @@ def test_first_launch_equals_the_dry_runs_first_candidate(frozen_home: Path,
     # The GPU units reached the instance: one GPU used on the 1-GPU job, eight on the 8-GPU one.
     by_name = {first_id.rsplit("-", 1)[0]: firsts[first_id] for first_id in firsts}
     assert by_name["one-gpu"].gpus == 1 and by_name["eight-gpu"].gpus == 8
+
+
+def test_the_dry_run_asks_for_the_launch_the_scheduler_makes(frozen_home: Path,
+                                                             tmp_path: Path) -> None:
+    # One builder (spotrun.agent.contract): the dry-run's request is what a real scheduling
+    # pass sends for the same job: pool, price cap, the agent's config, and every tag, the
+    # budget's project and owner included (the cloud's bill groups by them).
+    settings = load_settings(str(frozen_home))
+    sub = validate_submission(_write_spec(tmp_path, "tagged", "project: vision\n"
+                                          "policy: {market: spot}\n"), settings)
+    _, placed = decide_on_market(sub.spec, settings, catalog_for(settings), None)
+    dry = dry_run_request(sub, settings, placed.first, placed.candidates)
+    ctx = build_context(settings)
+    try:
+        submit(sub, ctx.engine)
+        SchedulerLoop(ctx).tick(datetime.now(timezone.utc))
+        with session(ctx.engine) as s:
+            attempt = attempts_of(s, sub.job_id)[0]
+        [launched] = ctx.provider.describe(instance_ids=[attempt.instance_id])
+    finally:
+        ctx.engine.dispose()
+    sent = ctx.provider.plan_launch(replace(dry, client_token=attempt.client_token))
+    body = sent.calls[0]["body"]
+    assert launched.tags == body["tags"]
+    assert body["tags"]["spotrun:project"] == "vision"
+    assert body["tags"]["spotrun:owner"] == sub.job_owner() != ""
+    assert (launched.instance_type, launched.zone, launched.market.value) == (
+        body["candidates"][0]["instance_type"], body["candidates"][0]["zone"], "spot")
+    user_data = frozen_home / "market" / "instances" / launched.instance_id / "user-data.json"
+    assert json.loads(user_data.read_text()) == json.loads(dry.user_data)

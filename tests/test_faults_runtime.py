@@ -29,7 +29,7 @@ from spotrun.daemon.reconcile import budget_stop_request
 from spotrun.store import open_store
 from spotrun.daemon.app import build_context, build_runner
 from spotrun.db import Event, Job, SpendEntry, attempts_of, open_db, session
-from spotrun.ledger.rules import SpendKind
+from spotrun.providers.billing_rules import SpendKind
 from spotrun.providers.facts import rules_for
 from spotrun.providers.local.market import procs
 from spotrun.providers.local.market.client import read_live_info

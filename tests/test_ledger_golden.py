@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from spotrun.daemon.spend import SpendLoop
-from spotrun.ledger.rules import PriceSource, SpendKind
+from spotrun.providers.billing_rules import PriceSource, SpendKind
 from spotrun.providers.aws import AWS_RULES
 from spotrun.providers.facts import rules_for
 from spotrun.errors import ConfigError

@@ -10,7 +10,7 @@ from spotrun.daemon.spend import SpendLoop
 from spotrun.db import Attempt, LedgerMark, session
 from spotrun.ledger.booking import BookingConflict, book_attempt, instance_times
 from spotrun.ledger.intervals import split_at_prices
-from spotrun.ledger.rules import SpendKind
+from spotrun.providers.billing_rules import SpendKind
 from spotrun.providers.aws import AWS_RULES
 from spotrun.errors import BadInputError
 from spotrun.providers.base import InstanceInfo

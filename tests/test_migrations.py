@@ -10,7 +10,7 @@ from sqlalchemy import create_engine, inspect, text
 
 from spotrun.db import Attempt, Job, Meta, attempts_of, open_db, session
 from spotrun.errors import ConfigError
-from spotrun.migrations import LATEST, missing_columns, stored_version, upgrade
+from spotrun.db.migrations import LATEST, missing_columns, stored_version, upgrade
 from spotrun.states import AttemptState, JobState
 
 # The v1 schema as first released (before budget stops, checkpoint figures and the ledger mark).

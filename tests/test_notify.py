@@ -14,8 +14,8 @@ from spotrun.daemon.notify import NotifyLoop
 from spotrun.daemon.spend import SpendLoop
 from spotrun.db import Job, add_event, open_db, session
 from spotrun.errors import ConfigError
-from spotrun.notify.config import parse_notify
-from spotrun.notify.outbox import NotifyOutbox
+from spotrun.notify.routes import parse_notify
+from spotrun.db.outbox import NotifyOutbox
 from spotrun.states import EndReason, JobState
 from spotrun.store.file import FileStore
 

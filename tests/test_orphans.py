@@ -13,7 +13,7 @@ from spotrun.config import load_settings
 from spotrun.daemon.app import build_context
 from spotrun.daemon.orphans import OrphanLoop, orphan_key
 from spotrun.db import Attempt, Event, Job, LedgerMark, SpendEntry, session
-from spotrun.ledger.rules import SpendKind
+from spotrun.providers.billing_rules import SpendKind
 from spotrun.providers.facts import rules_for
 from spotrun.providers.base import TAG_ATTEMPT, TAG_JOB, TAG_MANAGED
 from spotrun.providers.local.provider import LocalProvider

@@ -20,7 +20,7 @@ from spotrun.daemon.app import build_context, build_runner
 from spotrun.daemon.lease import Lease
 from spotrun.db import Job, open_db, session
 from spotrun.jobs import submit, validate_submission
-from spotrun.migrations import LATEST, missing_columns, stored_version
+from spotrun.db.migrations import LATEST, missing_columns, stored_version
 from spotrun.states import JobState
 
 from conftest import kill_leftovers, write_trace

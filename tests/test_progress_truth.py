@@ -12,7 +12,7 @@ from spotrun.config import load_settings
 from spotrun.daemon.context import DaemonContext
 from spotrun.daemon.heartbeats import HeartbeatLoop
 from spotrun.db import Attempt, Job, open_db, session
-from spotrun.progress import attempt_resumed_from, job_reached, job_resumes_from
+from spotrun.steps import attempt_resumed_from, job_reached, job_resumes_from
 from spotrun.states import AttemptState, JobState, Market
 from spotrun.store import open_store
 

@@ -120,7 +120,7 @@ def test_bulk_views_equal_each_jobs_own_view(homes):
 def test_a_long_id_list_reads_whole_tables_with_the_same_result(homes, monkeypatch):
     # Past MAX_IN_IDS ids a read drops the IN list (SQLite caps bound parameters) and picks
     # its jobs' rows out of the whole table: the audit must not change.
-    import spotrun.db as db
+    import spotrun.db.queries as db
     from spotrun.ui.views import audit_view
     settings = load_settings(str(homes[SMALL]))
     ids = [j["id"] for j in _cli(homes[SMALL], "status")][1:6]

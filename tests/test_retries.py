@@ -13,7 +13,7 @@ from sqlalchemy import create_engine
 
 from aws.moto_fixtures import MotoServer, moto, moto_server  # noqa: F401  (fixtures)
 from spotrun.aws_clients import RetryPolicy, make_client, use_retries
-from spotrun.dbfaults import LOCK_SUFFIX, schema_lock
+from spotrun.db.faults import LOCK_SUFFIX, schema_lock
 from spotrun.errors import DatabaseError
 
 FAST = RetryPolicy(attempts=3, base_s=0.001, max_s=0.01)

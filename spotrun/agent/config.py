@@ -27,8 +27,8 @@ class AgentConfig:
     secrets: dict[str, str] = field(default_factory=dict)   # NAME -> env:/ssm:/secretsmanager:
     bundle_key: str | None = None
     gpus: int = 1
-    nodes: int = 1                    # nodes the attempt runs on (multi-node)
-    nodes_min: int | None = None      # elastic: the fewest nodes it keeps running on
+    nodes: int = 1                    # nodes the attempt runs on (multi-node: see nodes.json)
+    nodes_min: int | None = None      # elastic "MIN-MAX": MIN, the fewest it keeps running on
     total_steps: int | None = None
     checkpoint_interval_s: float | None = None   # wall seconds; None = the library's default
     checkpoint_keep: int = 3
@@ -55,8 +55,6 @@ class AgentConfig:
     # The job's directory, the same on every attempt (the provider's; "{job_id}" and
     # "{node_rank}" filled in by the agent); None: <agent dir>/job.
     job_dir: str | None = None
-    nodes: int = 1                        # multi-node (issue 16): the rest is in nodes.json
-    nodes_min: int | None = None          # elastic "MIN-MAX": MIN; None unless elastic
 
     def to_json(self) -> str:
         """Serialise for user data."""

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Protocol
 
 from spotrun.errors import ConfigError, ProviderError
+from spotrun.providers.facts import FACTS
 
 TOKEN_PATH = "/latest/api/token"
 TTL_HEADER = "X-aws-ec2-metadata-token-ttl-seconds"
@@ -84,7 +85,6 @@ def open_metadata(config: Any, *, environ: Mapping[str, str],
     """The instance side the agent's config names: its provider's, else IMDSv2."""
     side = config.instance_side
     if side:
-        from spotrun.providers.facts import FACTS
         facts = FACTS.get(side)
         if facts is None or facts.instance_metadata is None:
             raise ConfigError(f"no instance side for this provider; allowed: "

@@ -15,29 +15,49 @@ of nodes (a replacement on its way), up to `deadman_timeout_s`.
 from __future__ import annotations
 
 import signal
+import subprocess
 import threading
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import structlog
 
 from spotrun import layout
 from spotrun.agent.child import notice_path, record_notice, spawn, write_notice_file
+from spotrun.agent.clock import Clock
+from spotrun.agent.config import AgentConfig
+from spotrun.agent.fence import GuardedReporter
+from spotrun.agent.imds import InstanceMetadata
 from spotrun.agent.logship import OutputTee
 from spotrun.agent.nodes import (MARKER_ENV, Membership, any_marked, new_marker, node_env,
                                  rdzv_change_wait_s, signal_marked)
 from spotrun.agent.notice import notice_poll_interval_wall_s
+from spotrun.agent.setup import AgentPaths
 from spotrun.secrets import Redactor
-
-if TYPE_CHECKING:
-    from spotrun.agent.runner import Agent
 
 log = structlog.get_logger("spotrun.agent")
 
 
 class MultiNode:
-    """Mixed into Agent; every method is a no-op or the single-node path when not multi."""
+    """Mixed into Agent (agent/runner.py); every method is a no-op or the single-node path when
+    not multi. The host holds the attempt's state declared here and gives heartbeat(phase),
+    begin_stop(reason), _poll_control() and _signal_child(sig)."""
 
-    def init_multi_node(self: "Agent") -> None:
+    # The host's state this part reads and sets (Agent.__init__ makes it).
+    config: AgentConfig
+    clock: Clock
+    paths: AgentPaths
+    environ: dict[str, str]
+    imds: InstanceMetadata
+    reporter: GuardedReporter
+    multi: bool
+    instance_id: str | None
+    proc: subprocess.Popen | None
+    stop_reason: str | None
+    _kill_at: float | None
+    _signal_flag: bool
+    _tee: OutputTee | None
+
+    def init_multi_node(self) -> None:
         """State of the multi-node part (set in Agent.__init__)."""
         self.marker: str | None = None            # MARKER_ENV of the running command
         self.membership: Membership | None = None   # what the command was started with
@@ -51,7 +71,7 @@ class MultiNode:
 
     # ------------------------------------------------------------ reports
 
-    def node_fields(self: "Agent") -> dict[str, Any]:
+    def node_fields(self) -> dict[str, Any]:
         """What a node adds to its heartbeat and exit report."""
         if not self.multi:
             return {}
@@ -59,12 +79,12 @@ class MultiNode:
         return {"instance_id": self.instance_id, "node_rank": rank,
                 "command_restarts": self.restarts}
 
-    def writes_outputs(self: "Agent") -> bool:
+    def writes_outputs(self) -> bool:
         """Only one node uploads the job's outputs (the same paths on every node): rank 0."""
         return not self.multi or (self.membership is not None
                                   and self.membership.rank_of(self.instance_id or "") == 0)
 
-    def notice_for_workers(self: "Agent") -> None:
+    def notice_for_workers(self) -> None:
         """Ask for a save through the notice file too: torchrun's workers never see SIGUSR1,
         and a job busy in one long C call runs no signal handler until it returns, while the
         library's watchdog reads the file."""
@@ -76,7 +96,7 @@ class MultiNode:
 
     # ------------------------------------------------------------ membership
 
-    def read_membership(self: "Agent") -> Membership | None:
+    def read_membership(self) -> Membership | None:
         """nodes.json now; None when missing, malformed or unreadable (the last one stands)."""
         try:
             raw = self.reporter.read_json(layout.nodes_key(self.config.job_id,
@@ -91,7 +111,7 @@ class MultiNode:
             self.seen = found
         return found
 
-    def _idle(self: "Agent", next_beat: float) -> float:
+    def _idle(self, next_beat: float) -> float:
         """Heartbeat when due, then pause one control interval; returns the next beat time."""
         now = self.clock.monotonic()
         if now >= next_beat:
@@ -100,7 +120,7 @@ class MultiNode:
         self._pause.wait(self.config.control_poll_interval_s)
         return next_beat
 
-    def _stopped(self: "Agent") -> bool:
+    def _stopped(self) -> bool:
         """A signal or a control request ends a wait (stop_reason says which)."""
         if self._signal_flag:
             self.stop_reason = "signal"
@@ -108,7 +128,7 @@ class MultiNode:
         self._poll_control()
         return self.stop_reason is not None
 
-    def await_listing(self: "Agent") -> bool:
+    def await_listing(self) -> bool:
         """Wait until nodes.json lists this instance; False when stopped or never listed."""
         deadline = self.clock.monotonic() + self.config.deadman_timeout_s
         next_beat = 0.0
@@ -130,7 +150,7 @@ class MultiNode:
                 logged = True
             next_beat = self._idle(next_beat)
 
-    def poll_membership(self: "Agent") -> None:
+    def poll_membership(self) -> None:
         """In the loop: stop when removed; restart the command when its rendezvous moved."""
         found = self.read_membership()
         if found is None or self.membership is None or self.instance_id is None:
@@ -148,7 +168,7 @@ class MultiNode:
             log.warning("rendezvous_changed", endpoint=found.rdzv_endpoint,
                         host_rank=found.rdzv_host_rank, nnodes=found.nnodes_text())
 
-    def restart_wanted(self: "Agent", returncode: int) -> bool:
+    def restart_wanted(self, returncode: int) -> bool:
         """After the command ended: start it again (True), or finish the attempt (False)."""
         if returncode == 0:
             return False
@@ -183,7 +203,7 @@ class MultiNode:
 
     # ------------------------------------------------------------ the command
 
-    def start_command(self: "Agent", env: dict[str, str]) -> None:
+    def start_command(self, env: dict[str, str]) -> None:
         """Start the command (as this node, in a multi-node attempt) and tee its output."""
         if self.multi:
             assert self.membership is not None and self.instance_id is not None
@@ -199,7 +219,7 @@ class MultiNode:
                               Redactor(self.redact)).start()
         log.info("command_started", pid=self.proc.pid, **self.node_fields())
 
-    def restart_command(self: "Agent") -> None:
+    def restart_command(self) -> None:
         """Stop what is left of the command (torchrun's workers outlive its shell), start anew."""
         assert self.restart_to is not None
         deadline = self.clock.monotonic() + self.config.stop_grace_s

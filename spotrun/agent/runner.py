@@ -31,7 +31,7 @@ from spotrun.agent.multinode import MultiNode
 from spotrun.agent.nodes import is_multi_node, signal_marked
 from spotrun.agent.outputs import OutputUploader
 from spotrun.agent.notice import NoticeWatcher, notice_poll_interval_wall_s
-from spotrun.agent.progress import ProgressReader
+from spotrun.agent.progress_file import ProgressReader
 from spotrun.agent.setup import AgentPaths, job_dir_for, prepare
 from spotrun.errors import SpotrunError
 from spotrun.reports import ExitReport, Heartbeat, Notice, dump

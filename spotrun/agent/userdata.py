@@ -1,17 +1,15 @@
 """Find the AgentConfig in user data: plain JSON, or one marked line inside a boot script.
 
 On AWS the user data must be a script that starts the agent at boot, so the
-config rides along as a comment line `# spotrun-agent-config: {...}`.
+config rides along as a comment line `# spotrun-agent-config: {...}`
+(spotrun.providers.bootconfig).
 """
 
 from __future__ import annotations
 
-import json
-
 from spotrun.agent.config import AgentConfig
-from spotrun.errors import ConfigError, ProviderError
-
-MARKER = "# spotrun-agent-config: "
+from spotrun.errors import ConfigError
+from spotrun.providers.bootconfig import MARKER
 
 
 def embed_config(script: str, config: AgentConfig) -> str:
@@ -21,21 +19,6 @@ def embed_config(script: str, config: AgentConfig) -> str:
     if lines and lines[0].startswith("#!"):
         return "\n".join([lines[0], line, *lines[1:]]) + "\n"
     return "\n".join([line, *lines]) + "\n"
-
-
-def with_shutdown_command(agent_json: str, command: str) -> str:
-    """The agent config with `shutdown_command` set to command, unless one is set already."""
-    try:
-        cfg = json.loads(agent_json)
-    except ValueError:
-        raise ProviderError("the agent config is not JSON", field="user_data") from None
-    if not isinstance(cfg, dict):
-        raise ProviderError("the agent config is not a JSON object", field="user_data")
-    if cfg.get("shutdown_command"):
-        return agent_json
-    # Without it an agent that finished would leave a paid, idle instance behind.
-    cfg["shutdown_command"] = command
-    return json.dumps(cfg, sort_keys=True)
 
 
 def _parse(text: str) -> AgentConfig:

@@ -23,12 +23,12 @@ from spotrun.audit.regret import hindsight, hindsight_wanted
 from spotrun.audit.reclaims import RECLAIMED_EVENT, AttemptTruth, ReportsOf, ToMarket, \
     attempt_truths, reclaim_times
 from spotrun.daemon.savefail import save_warnings
-from spotrun.audit.nodes import node_lines, node_seconds, replacement_seconds
+from spotrun.audit.node_lines import node_lines, node_seconds, replacement_seconds
 from spotrun.db import Attempt, AttemptNode, Job, JobRows, PricePointsOnce, SpendEntry, \
     events_by_job, iter_jobs, jobs_by_ref, rows_by_job
 from spotrun.errors import NotFoundError
 from spotrun.ledger.intervals import seconds_between
-from spotrun.ledger.rules import SpendKind
+from spotrun.providers.billing_rules import SpendKind
 from spotrun.states import EndReason, JobState, Market
 
 OdPrice = Callable[[str], "float | None"]
@@ -38,7 +38,7 @@ ATTEMPT_CAUSES = ("productive", "lost_work", "startup", "restart_overhead", "pai
                   "checkpoint_stall")
 CAUSES = ATTEMPT_CAUSES + ("waiting_for_capacity",
                            # Multi-node jobs: the surviving nodes' paid wait while a lost node
-                           # is replaced (spotrun.audit.nodes).
+                           # is replaced (spotrun.audit.node_lines).
                            "node_replacement",
                            "storage", "volumes", "other")
 WASTE_CAUSES = ("lost_work", "restart_overhead", "waiting_for_capacity", "checkpoint_stall",

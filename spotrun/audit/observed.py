@@ -30,6 +30,8 @@ from spotrun.providers.base import MarketTruth
 from spotrun.db import Attempt, Event, Job, JobRows, PricePoint, attempts_of
 from spotrun.providers.base import pools_from_json
 from spotrun.states import EndReason, JobState, Market
+from spotrun.decide.policy.market import MarketHistory
+from spotrun.simulate.model import SimModel
 
 TICK_S = 60.0
 MAX_TICKS = 5000            # longer windows get a coarser tick (the DP is ticks x slack)
@@ -57,9 +59,6 @@ def build_observed_model(s: Session, job: Job, *, od_price: OdPrice,
 
     rows: the job's rows read in bulk (spotrun.db.rows_by_job); None reads them here.
     """
-    from spotrun.decide.policy.market import MarketHistory
-    from spotrun.simulate.model import SimModel
-
     if rows is None:
         rows = JobRows(attempts=attempts_of(s, job.id))
     atts = [a for a in rows.attempts if a.started_at is not None]

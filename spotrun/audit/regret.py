@@ -22,7 +22,8 @@ from typing import Any, Callable
 from sqlmodel import Session, select
 
 from spotrun.db import Job, JobRows, SpendEntry
-from spotrun.ledger.rules import SpendKind
+from spotrun.providers.billing_rules import SpendKind
+from spotrun.providers.facts import facts_for, od_price_for
 
 # (session, job, its rows read in bulk or None) -> (SimModel, start row) or None; set by
 # whoever can build the model. The rows (spotrun.db.JobRows) spare a query per job.
@@ -43,6 +44,7 @@ def observed_builder(od_price: Callable[[str], "float | None"],
                      truth: Any = None) -> ModelForJob:
     """A MODEL_FOR_JOB builder over build_observed_model with these prices and truth."""
     def build(s: Session, job: Job, rows: JobRows | None = None) -> "tuple[Any, int] | None":
+        # lazy: start-up cost (the simulator and numpy; `status` reads this package)
         from spotrun.audit.observed import build_observed_model
         built = build_observed_model(s, job, od_price=od_price, truth=truth, rows=rows)
         return None if built is None else (built.model, 0)
@@ -51,9 +53,7 @@ def observed_builder(od_price: Callable[[str], "float | None"],
 
 def use_observed_model(settings: Any) -> None:
     """Register the observed-model builder for these settings (region; local market truth)."""
-    from spotrun.providers.facts import od_price_for
     od_price = od_price_for(settings)   # the provider's catalog, in its pricing region
-    from spotrun.providers.facts import facts_for
     truth = facts_for(settings).market_truth(settings)
     MODEL_FOR_JOB["default"] = observed_builder(od_price, truth)
 
@@ -85,6 +85,7 @@ def hindsight(s: Session, job: Job, rows: JobRows | None = None) -> Hindsight | 
     built = builder(s, job, rows)
     if built is None:
         return None
+    # lazy: start-up cost (numpy; `status` reads this package)
     import numpy as np
 
     from spotrun.simulate.optimal import optimal_costs

@@ -5,7 +5,6 @@ Every job carries an `owner` (the OS user who submitted it, unless settings allo
 project or one owner may spend per UTC calendar period (day, week, month) or in total:
 launches that would pass it wait, a job whose own cap cannot fit what is left is refused
 at submit, and a scope whose spend would pass its budget has its running jobs saved and
-stopped (resumed by `spotrun resume`, or by the next period).
-
-Light on purpose: `spotrun.config` imports `spotrun.budgets.config` on every verb.
+stopped (resumed by `spotrun resume`, or by the next period). The `[budgets]` settings and
+the names' rules are in spotrun.config, with every other section.
 """

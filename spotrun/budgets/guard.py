@@ -27,12 +27,14 @@ from typing import Any, Iterable
 from sqlalchemy import text
 from sqlmodel import select
 
-from spotrun.budgets.config import BudgetsSettings, scope_key
+from spotrun.config import BudgetsSettings, scope_key
 from spotrun.budgets.standing import ScopeStanding, read_standing
 from spotrun.db import Job, add_event, session
 from spotrun.errors import SpotrunError
 from spotrun.ledger.committed import launch_commitment_usd, stop_margin_s
 from spotrun.states import JobState, move_job
+from spotrun.notify.routes import parse_notify
+from spotrun.notify.scopes import ScopeAlerts
 
 
 def lock_scopes(s: Any, keys: Iterable[str]) -> None:
@@ -146,8 +148,6 @@ class ScopeGuard:
 
     def _alert(self, standing: list[ScopeStanding]) -> None:
         if self._alerts is None:
-            from spotrun.notify.config import parse_notify
-            from spotrun.notify.scopes import ScopeAlerts
             st = self.ctx.settings
             self._alerts = ScopeAlerts(self.ctx.engine, parse_notify(st),
                                        st.notify.budget_warn_fraction)

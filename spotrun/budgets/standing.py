@@ -24,7 +24,7 @@ from typing import Any, Iterable
 from sqlalchemy import func, or_
 from sqlmodel import select
 
-from spotrun.budgets.config import BudgetsSettings, ScopeBudget, scope_key
+from spotrun.config import BudgetsSettings, ScopeBudget, scope_key
 from spotrun.budgets.periods import Window, window
 from spotrun.db import Attempt, Job, SpendEntry
 from spotrun.ledger.committed import committed_by_attempt

@@ -5,8 +5,12 @@ from __future__ import annotations
 import getpass
 from typing import Any
 
-from spotrun.budgets.config import OWNER_RE, OWNER_RULE, UNKNOWN_OWNER
+from spotrun.config import OWNER_RE, OWNER_RULE, UNKNOWN_OWNER
 from spotrun.errors import BadInputError
+from spotrun.budgets.standing import EPSILON_USD, read_standing, usd
+from spotrun.db import session
+from spotrun.ledger.committed import stop_margin_s
+from spotrun.providers.timescale import provider_now, time_scale
 
 
 def os_user() -> str:
@@ -40,10 +44,6 @@ def refuse_unfit(settings: Any, engine: Any, project: str, owner: str,
     budgets = settings.budgets.of_job(project, owner)
     if cap_usd is None or not budgets:
         return
-    from spotrun.budgets.standing import EPSILON_USD, read_standing, usd
-    from spotrun.db import session
-    from spotrun.ledger.committed import stop_margin_s
-    from spotrun.ui.clock import provider_now, time_scale
     with session(engine) as s:
         standing = read_standing(s, settings.budgets, provider_now(settings),
                                  stop_margin_s(time_scale(settings)), only=budgets)

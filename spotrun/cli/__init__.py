@@ -31,7 +31,7 @@ VERBS: dict[str, str] = {
     "market": "spotrun.cli.market:market",
     "demo": "spotrun.cli.demo:demo",
     "doctor": "spotrun.cli.doctor:doctor",
-    "ui": "spotrun.ui.cli:ui",
+    "ui": "spotrun.cli.ui:ui",
 }
 
 HELP = {
@@ -88,7 +88,8 @@ class LazyGroup(click.Group):
             ctx.exit(exc.exit_code)
         except Exception as exc:
             # A database that turns locked, broken or unreachable mid-verb: one line, exit 1.
-            from spotrun.dbfaults import database_error
+            # lazy: start-up cost (`spotrun --help` imports no database code)
+            from spotrun.db.faults import database_error
             err = database_error(exc)
             if err is None:
                 raise

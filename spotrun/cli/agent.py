@@ -8,11 +8,14 @@ from pathlib import Path
 import click
 
 from spotrun.errors import ConfigError
+from spotrun.agent.imds import DEFAULT_ENDPOINT, USER_DATA, ImdsClient, endpoint_for
+from spotrun.agent.runner import Agent
+from spotrun.agent.userdata import config_from_user_data
+from spotrun.logsetup import configure_logging as setup
 
 
 def configure_logging() -> None:
     """JSON lines on stderr (the instance's console log), stdlib records included."""
-    from spotrun.logsetup import configure_logging as setup
     setup(json=True, stream=sys.stderr)
 
 
@@ -26,9 +29,6 @@ def configure_logging() -> None:
               help="Instance disk folder: the job runs in <dir>/job.")
 def agent(user_data: Path | None, from_imds: bool, workdir: Path) -> None:
     """Run the on-instance agent: set up, run the command, report, exit with its code."""
-    from spotrun.agent.imds import DEFAULT_ENDPOINT, USER_DATA, ImdsClient, endpoint_for
-    from spotrun.agent.runner import Agent
-    from spotrun.agent.userdata import config_from_user_data
 
     if (user_data is None) == (not from_imds):
         raise ConfigError("give exactly one of --user-data FILE or --user-data-imds",

@@ -16,8 +16,13 @@ from spotrun.audit.groups import BY, group_audits
 from spotrun.audit.render import RECLAIM_COLUMNS, TABLE_COLUMNS, cause_rows, cell, flat, \
     notice_lines, reclaim_rows, to_csv, totals
 from spotrun.cli.common import echo_json, get_settings, open_state_db
-from spotrun.db import session
-from spotrun.errors import BadInputError
+from spotrun.db import find_job, iter_jobs, session, utcnow
+from spotrun.errors import BadInputError, NotFoundError
+from spotrun.audit.plot import plot_audit
+from spotrun.cli.audit_by import print_groups, group_reconcile, print_reconcile_groups
+from spotrun.cli.tables import Column, print_table
+from spotrun.providers.facts import facts_for
+from spotrun.ui.views import audit_view
 
 
 def _parse_time(value: str | None, name: str) -> datetime | None:
@@ -70,12 +75,10 @@ def audit(jobs: tuple[str, ...], since: str | None, until: str | None, as_json: 
         raise BadInputError("must be after --since", field="--until", value=until)
     if plot_file and not plot_file.lower().endswith(".png"):
         raise BadInputError("allowed: a file name ending in .png", field="--plot", value=plot_file)
-    from spotrun.ui.views import audit_view
     settings = get_settings()
     result = audit_view(settings, list(jobs), since=t_since, until=t_until, hindsight=not by,
                         engine=open_state_db(settings, jobs[0] if jobs else None))
     if by:
-        from spotrun.cli.audit_by import print_groups
         groups = group_audits(result, by)
         if as_json:
             echo_json([g.to_dict() for g in groups])
@@ -83,7 +86,6 @@ def audit(jobs: tuple[str, ...], since: str | None, until: str | None, as_json: 
             print_groups(Console(), groups, wide)
         return
     if plot_file:
-        from spotrun.audit.plot import plot_audit
         plot_audit(result, plot_file)
     if as_json:
         echo_json([j.to_dict() for j in result])
@@ -101,18 +103,15 @@ def _reconcile(refs: list[str], as_json: bool, bad: object, by: str | None = Non
         raise BadInputError("--reconcile takes only JOBS, --by and --json",
                             field="--reconcile")
     settings = get_settings()
-    from spotrun.providers.facts import facts_for
     reconcile = facts_for(settings).reconcile
     if reconcile is None:
         raise BadInputError("needs a provider whose cloud bills by job tag (aws: Cost Explorer)",
                             field="--reconcile", value=settings.provider)
-    from spotrun.db import utcnow
     engine = open_state_db(settings, refs[0] if refs else None)
     with session(engine) as s:
         jobs = _jobs(s, refs)
         lines = reconcile(settings, s, jobs, utcnow())
     if by:
-        from spotrun.cli.audit_by import group_reconcile, print_reconcile_groups
         grouped = group_reconcile(lines, jobs, by)
         if as_json:
             echo_json(grouped)
@@ -135,8 +134,6 @@ def _reconcile(refs: list[str], as_json: bool, bad: object, by: str | None = Non
 
 
 def _jobs(s, refs: list[str]):
-    from spotrun.db import find_job, iter_jobs
-    from spotrun.errors import NotFoundError
     if not refs:
         return list(iter_jobs(s))
     out = []
@@ -149,7 +146,6 @@ def _jobs(s, refs: list[str]):
 
 
 def _table(result, wide: bool = False) -> None:
-    from spotrun.cli.tables import Column, print_table
     console = Console()
     rows = [flat(job) for job in result]
     if len(result) != 1:

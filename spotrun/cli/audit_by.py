@@ -8,6 +8,7 @@ from rich.console import Console
 
 from spotrun.audit.groups import GroupAudit
 from spotrun.audit.render import cause_rows, cell
+from spotrun.cli.tables import Column, print_table
 
 # (key, header, priority): 0 = always shown, higher = dropped first on narrow terminals.
 GROUP_COLUMNS = [("group", "group", 0), ("job_count", "jobs", 1), ("actual_usd", "actual $", 0),
@@ -18,7 +19,6 @@ GROUP_COLUMNS = [("group", "group", 0), ("job_count", "jobs", 1), ("actual_usd",
 
 def print_groups(console: Console, groups: list[GroupAudit], wide: bool = False) -> None:
     """One row per group and a TOTAL, then each group's causes (as a job's)."""
-    from spotrun.cli.tables import Column, print_table
     if not groups:
         console.print("no jobs to audit", highlight=False)
         return

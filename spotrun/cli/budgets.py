@@ -8,6 +8,8 @@ import click
 from rich.console import Console
 
 from spotrun.cli.common import echo_json, get_settings, json_option, open_state_db
+from spotrun.cli.tables import Column, print_table
+from spotrun.ui.views import budgets_view
 
 
 @click.command()
@@ -20,7 +22,6 @@ def budgets(wide: bool, as_json: bool) -> None:
     Periods are UTC calendar days, ISO weeks and months on the provider's clock (the local
     market's runs faster than the wall). `--json` prints a list (docs/audit.md).
     """
-    from spotrun.ui.views import budgets_view
     settings = get_settings()
     if not settings.budgets.configured():
         if as_json:
@@ -42,7 +43,6 @@ def _money(v: float) -> str:
 
 def print_budgets(console: Console, data: list[dict[str, Any]], *, wide: bool = False) -> None:
     """The budgets as a table that fits the terminal (80 columns in a pipe)."""
-    from spotrun.cli.tables import Column, print_table
     # Which budget, spent and left always; a long name drops the rest before any cell is cut.
     cols = [Column("budget", "budget"),
             Column("period", "period", 2), Column("usd", "budget $", 1, "right"),

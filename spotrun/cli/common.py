@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import json
-from datetime import datetime
-from enum import Enum
 from typing import TYPE_CHECKING, Any
 
 import click
 
 from spotrun.config import Settings, load_settings
+from spotrun.contracts import json_default
+from spotrun.db import database_missing, open_settings_db
+from spotrun.errors import NotFoundError
 
 if TYPE_CHECKING:
     from sqlalchemy.engine import Engine
@@ -26,21 +27,10 @@ def open_state_db(settings: Settings, job_ref: str | None = None) -> "Engine":
     A verb that looks up job_ref on a home with no database yet finds nothing, and creates
     nothing: bad input writes nothing.
     """
-    from spotrun.db import database_missing, open_settings_db
     if job_ref is not None and database_missing(settings):
-        from spotrun.errors import NotFoundError
         raise NotFoundError(f"no such job {job_ref!r}", field="JOB", value=job_ref,
                             hint="no job has been submitted to this database yet")
     return open_settings_db(settings)
-
-
-def json_default(o: Any) -> Any:
-    """json.dumps default for datetimes and enums."""
-    if isinstance(o, datetime):
-        return o.isoformat()
-    if isinstance(o, Enum):
-        return o.value
-    raise TypeError(f"not JSON serialisable: {type(o).__name__}")
 
 
 def echo_json(data: Any) -> None:

@@ -7,6 +7,10 @@ import sys
 import click
 
 from spotrun.cli.common import echo_json, get_settings
+from spotrun.cli.tables import Column, cells, print_table
+from spotrun.daemon.app import build_context, build_runner, configure_logging
+from spotrun.daemon.lease import Lease
+from spotrun.daemon.service import serve, health
 
 
 @click.command()
@@ -27,7 +31,6 @@ def daemon(once: bool, as_json: bool, check: bool) -> None:
     """
     settings = get_settings()
     if check:
-        from spotrun.daemon.service import health
         ok, reason, detail = health(settings)
         if as_json:
             echo_json({"ok": ok, "reason": reason, **detail})
@@ -38,10 +41,8 @@ def daemon(once: bool, as_json: bool, check: bool) -> None:
             if detail.get("loops"):
                 _print_loops(detail["loops"], detail.get("loops_window_s"))
         sys.exit(0 if ok else 1)
-    from spotrun.daemon.app import build_context, build_runner, configure_logging
     configure_logging()
     if once:
-        from spotrun.daemon.lease import Lease
         ctx = build_context(settings)
         lease = Lease(ctx.engine, ttl_s=settings.daemon.lease_ttl_s)
         if not lease.try_acquire():
@@ -54,7 +55,6 @@ def daemon(once: bool, as_json: bool, check: bool) -> None:
         finally:
             lease.release()
         return
-    from spotrun.daemon.service import serve
     sys.exit(serve(settings))
 
 
@@ -62,7 +62,6 @@ def _print_loops(loops: dict, window_s: float | None) -> None:
     """The loops' figures as a table (seconds; '-' where a loop has not ticked yet)."""
     from rich.console import Console
 
-    from spotrun.cli.tables import Column, cells, print_table
 
     def ms(v: float | None) -> str | None:
         return None if v is None else f"{v * 1000:.1f}"

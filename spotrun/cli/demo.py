@@ -6,6 +6,10 @@ from pathlib import Path
 
 import click
 from rich.console import Console
+from spotrun import demo as d
+from spotrun.cli.audit import audit as audit_cmd
+from spotrun.cli.jobs import status as status_cmd
+from spotrun.ui.views import audit_view, status_view
 
 
 
@@ -34,7 +38,6 @@ def demo(time_scale: float | None, start_tick: int | None, stall_s: float, pacin
     """
     import os
 
-    from spotrun import demo as d
 
     home = Path(home_opt or os.environ.get("SPOTRUN_HOME") or ".demo").resolve()
     os.environ["SPOTRUN_HOME"] = str(home)   # status and audit below read the demo's home
@@ -57,12 +60,9 @@ def demo(time_scale: float | None, start_tick: int | None, stall_s: float, pacin
             d.stop_market(home)
     console.print(f"job {result.job_id} {result.state} after {result.attempts} attempt(s), "
                   f"{result.reclaims} reclaim(s), {result.wall_s:.0f} s wall")
-    from spotrun.cli.jobs import status as status_cmd
     ctx = click.get_current_context()
     ctx.invoke(status_cmd, job_ref=result.job_id, show_events=False, as_json=False)
-    from spotrun.cli.audit import audit as audit_cmd
     ctx.invoke(audit_cmd, jobs=(result.job_id,))
-    from spotrun.ui.views import audit_view, status_view
     proved = d.proof(status_view(settings, result.job_id),
                      audit_view(settings, [result.job_id])[0].to_dict())
     _print_proof(console, proved)

@@ -5,12 +5,13 @@ from __future__ import annotations
 import click
 
 from spotrun.cli.common import echo_json, get_settings, json_option
+from spotrun.db.migrations import LATEST
+from spotrun.db.probe import probe
+from spotrun.providers.facts import facts_for
 
 
 def database_check(settings) -> dict[str, str]:
     """One report line about the state database: readable, lock free, schema not newer."""
-    from spotrun.dbfaults import probe
-    from spotrun.migrations import LATEST
     look = probe(settings.database_url, timeout_s=settings.db_busy_timeout_s, latest=LATEST)
     # A missing database is made by the first command; an older one is upgraded on open.
     fine = look.ok or look.kind in ("missing", "older")
@@ -24,7 +25,6 @@ def doctor(as_json: bool) -> None:
     any needs a fix."""
     settings = get_settings()
     db = database_check(settings)
-    from spotrun.providers.facts import facts_for
     cloud_checks = facts_for(settings).doctor
     if cloud_checks is None:
         checks = []

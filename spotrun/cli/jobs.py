@@ -17,6 +17,9 @@ from spotrun.errors import NotFoundError
 from spotrun.jobs import request_cancel, resume_job, submit as submit_job, validate_submission
 from spotrun.store import open_store
 from spotrun.store.progress import transfer_bar
+from spotrun.cli.tables import Column, print_table
+from spotrun.daemon.lease import NO_DAEMON
+from spotrun.ui.views import WAITS_FOR_DAEMON, daemon_missing, status_view
 
 
 @click.command()
@@ -39,12 +42,12 @@ def submit(spec_file: str, dry_run: bool, wide: bool, owner: str | None, as_json
     for warning in sub.warnings:
         click.echo(f"warning: {warning}", err=True)
     if dry_run:
-        from spotrun.cli.dryrun import dry_run_plan
+        # lazy: start-up cost (the decision's numpy, for --dry-run alone; `status` is here)
+        from spotrun.cli.dryrun import dry_run_plan, print_plan
         plan = dry_run_plan(sub, settings)
         if as_json:
             echo_json(plan)
         else:
-            from spotrun.cli.dryrun import print_plan
             print_plan(plan, wide=wide)
         return
     engine = open_state_db(settings)
@@ -67,7 +70,6 @@ def submit(spec_file: str, dry_run: bool, wide: bool, owner: str | None, as_json
 
 def _say_if_no_daemon(settings: Any, engine: Any) -> None:
     """One line on stderr when no daemon will pick the job up (the job is recorded anyway)."""
-    from spotrun.ui.views import daemon_missing
     try:
         missing = daemon_missing(settings, engine)
     except Exception:   # the job is in: a lease that cannot be read must not fail the submit
@@ -88,7 +90,6 @@ def status(job_ref: str | None, show_events: bool, wide: bool, as_json: bool) ->
     `_market` are on the provider's clock (the local market runs faster than the wall),
     `_wall` on the wall clock; each job's `clock` says which is which.
     """
-    from spotrun.ui.views import status_view
     settings = get_settings()
     data = status_view(settings, job_ref, events=show_events,
                        engine=open_state_db(settings, job_ref))
@@ -108,13 +109,11 @@ def _money(v: float | None) -> str:
 
 def print_jobs(console: Console, data: list[dict[str, Any]], *, wide: bool = False) -> None:
     """A table of jobs: ids whole; at narrow widths the low-priority columns drop out."""
-    from spotrun.cli.tables import Column, print_table
     cols = [Column("id", "id"), Column("state", "state"), Column("progress", "progress", 1),
             Column("reclaims", "reclaims", 1, "right"), Column("spend", "spend $", 2, "right"),
             Column("attempts", "attempts", 3, "right"), Column("current", "current", 4),
             Column("project", "project", 5), Column("owner", "owner", 6)]
     rows = []
-    from spotrun.daemon.lease import NO_DAEMON
     waiting: list[str] = []
     for d in data:
         att = d["attempts"]
@@ -196,7 +195,6 @@ def reclaim_lines(attempts: list[dict[str, Any]], clock: str) -> list[str]:
 def print_timeline(console: Console, d: dict[str, Any], events: list[dict[str, Any]], *,
                    wide: bool = False) -> None:
     """One job: header, attempts table, events."""
-    from spotrun.cli.tables import Column, print_table
     clock = (d.get("clock") or {}).get("provider_clock", "provider")
     scale = (d.get("clock") or {}).get("time_scale", 1.0)
     prog = f"{d['step']}/{d['total_steps']}" if d["total_steps"] else str(d["step"])
@@ -326,7 +324,6 @@ def logs(job_ref: str, attempt_no: int | None, follow: bool, poll_s: float,
 
 def _why_no_attempt(settings: Any, engine: Any, job_id: str) -> str:
     """`job X has no attempt yet (queued: reason); waiting...` for `logs -f`."""
-    from spotrun.ui.views import WAITS_FOR_DAEMON, daemon_missing
     with session(engine) as s:
         job = s.get(Job, job_id)
         state, reason = job.state, job.reason

@@ -14,6 +14,7 @@ from spotrun.errors import BadInputError
 from spotrun.providers.local.market.client import (MarketClient, ensure_market, read_live_info,
                                                   stop_market)
 from spotrun.providers.local.market.options import MarketOptions
+from spotrun.providers.local.market.server import serve as run_server
 
 
 def _market_options(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -82,7 +83,6 @@ def market() -> None:
 @click.option("--port", type=int, default=0, hidden=True, help="Port (0 = a free one).")
 def serve(state_dir: Path | None, port: int, **given: Any) -> None:
     """Run the market in the foreground (writes STATE_DIR/market.json once ready)."""
-    from spotrun.providers.local.market.server import serve as run_server
     directory, options = _resolve(state_dir, **given)
     raise SystemExit(run_server(directory, options, port))
 

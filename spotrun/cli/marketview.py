@@ -18,6 +18,7 @@ from spotrun.decide.market import MarketSnapshot
 from spotrun.errors import BadInputError
 from spotrun.spec import JobSpec
 from spotrun.zones import known_zones
+from spotrun.decide.from_settings import decide_for_cli, live_market, offline_market
 
 
 @dataclass(frozen=True)
@@ -61,7 +62,6 @@ def decide_on_market(spec: JobSpec, settings: Settings, catalog: Catalog,
     zones: the zones to consider (None: every zone the provider offers). offline: the
     catalog's prices. A job that can never run raises its refusal (exit 2) either way.
     """
-    from spotrun.decide.from_settings import decide_for_cli, live_market, offline_market
     if not offline:
         try:
             market, provider = live_market(settings, catalog, zones)

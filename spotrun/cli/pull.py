@@ -21,6 +21,8 @@ from spotrun.errors import (BadInputError, ChecksumMismatch, NotFoundError, Spot
                             StoreError)
 from spotrun.store import open_store
 from spotrun.store.base import ObjectStore
+from spotrun.checkpoints import latest_verified
+from spotrun.store.progress import transfer_bar
 
 CHECKPOINT_DIR = "checkpoint"
 
@@ -64,14 +66,13 @@ def pull_outputs(store: ObjectStore, job_id: str, dest: Path,
 
 def pull_checkpoint(checkpoint_store: ObjectStore, dest: Path) -> dict[str, Any] | None:
     """Export the newest verified checkpoint into dest/checkpoint; None if there is none."""
-    from spotrun.checkpoints import latest_verified
     manifest = latest_verified(checkpoint_store)
     if manifest is None:
         return None
     info: dict[str, Any] = {"name": manifest.name, "step": manifest.step,
                             "kind": manifest.extra.get("kind"), "files": []}
     try:
-        from spotrun.integrations.export import export
+        from spotrun.integrations.export import export   # lazy: optional dependency (torch)
     except ImportError as exc:   # torch is not installed here
         info["skipped"] = f"cannot export without torch ({exc.name})"
         return info
@@ -87,7 +88,6 @@ def _pull_with_progress(store: ObjectStore, job_id: str, dest: Path, *,
     console = Console(stderr=True)
     if not show or not console.is_terminal:
         return pull_outputs(store, job_id, dest)
-    from spotrun.store.progress import transfer_bar
     with transfer_bar(console) as bar:
         tasks: dict[str, Any] = {}
 

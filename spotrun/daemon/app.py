@@ -25,14 +25,15 @@ from spotrun.providers import make_provider
 from spotrun.providers.base import Provider
 from spotrun.store import open_store
 from spotrun.store.base import ObjectStore
+from spotrun import logsetup
+from spotrun.providers.facts import facts_for
 
 
 
 
 def configure_logging(level: int = logging.INFO, stream: Any = None) -> None:
     """The daemon's log: JSON lines on stderr (journald picks them up), stdlib records too."""
-    from spotrun.logsetup import configure_logging as setup
-    setup(json=True, level=level, stream=stream or sys.stderr)
+    logsetup.configure_logging(json=True, level=level, stream=stream or sys.stderr)
 
 
 def build_context(settings: Settings, *, provider: Provider | None = None,
@@ -66,7 +67,6 @@ def build_loops(ctx: DaemonContext, *, bounded: bool = False) -> list[Scheduled]
              # Multi-node attempts; a refused replacement is tried again every schedule tick.
              Scheduled(NodeLoop(ctx), d.schedule_interval_s),
              Scheduled(OrphanLoop(ctx), d.orphan_interval_s)]
-    from spotrun.providers.facts import facts_for
     volume_gb = facts_for(ctx.settings).billed_volume_gb(ctx.settings)
     # Stopping a job takes a few wall seconds (save, stop, notice); on an accelerated market
     # that is `time_scale` times more provider seconds of spend to leave room for.

@@ -11,6 +11,10 @@ from spotrun.clock import Clock, SystemClock  # noqa: F401 (re-exported for the 
 from spotrun.config import Settings
 from spotrun.providers.base import Provider
 from spotrun.store.base import ObjectStore
+from spotrun.checkpoints import resume_point
+from spotrun.errors import StoreError
+from spotrun.providers.facts import facts_for
+from spotrun.store import open_store
 
 
 @dataclass
@@ -28,14 +32,11 @@ class DaemonContext:
     @property
     def time_scale(self) -> float:
         """Provider-clock seconds per wall second (the provider's own fact)."""
-        from spotrun.providers.facts import facts_for
         return facts_for(self.settings).time_scale(self.settings)
 
     def checkpointed_step(self, job_id: str, checkpoint_uri: str, fallback: int) -> int:
         """The newest checkpoint that verifies as the agent and library verify it: where the
         next attempt really resumes."""
-        from spotrun.checkpoints import resume_point
-        from spotrun.errors import StoreError
         try:
             m = resume_point(self.store_for(checkpoint_uri))
         except StoreError as exc:
@@ -47,5 +48,4 @@ class DaemonContext:
         """The store of a job (normally the daemon's own)."""
         if uri.rstrip("/") == self.store.uri.rstrip("/"):
             return self.store
-        from spotrun.store import open_store
         return open_store(uri)

@@ -11,7 +11,7 @@ from spotrun import layout
 from spotrun.daemon.context import DaemonContext
 from spotrun.daemon.reconcile import terminate_attempt
 from spotrun.daemon.savefail import record_save_failures
-from spotrun.progress import attempt_reported, attempt_resumed_from, job_reached
+from spotrun.steps import attempt_reported, attempt_resumed_from, job_reached
 from spotrun.db import Attempt, Job, add_event, session
 from spotrun.reports import Heartbeat, Notice, read_report
 from spotrun.states import AttemptState, EndReason

@@ -23,18 +23,18 @@ from sqlalchemy import or_
 from sqlmodel import select
 
 from spotrun import layout
+from spotrun.agent.contract import AttemptPlan, launch_request
 from spotrun.daemon.context import DaemonContext
 from spotrun.daemon.nodes import (latest_per_rank, live_nodes, members_of, min_nodes,
-                                  record_launched, replacement_token, request_for,
-                                  sync_membership, terminate_nodes)
+                                  record_launched, replacement_token, sync_membership,
+                                  terminate_nodes)
 from spotrun.daemon.reconcile import LIVE, ReconcileLoop, attempt_running, end_reason_of
 from spotrun.db import Attempt, AttemptNode, Job, add_event, nodes_of, session
 from spotrun.errors import CapacityError, ObjectNotFound, ProviderError, StoreError
 from spotrun.daemon.heartbeats import apply_beat
-from spotrun.progress import attempt_reported, attempt_saved, job_reached
+from spotrun.steps import attempt_reported, attempt_saved, job_reached
 from spotrun.reports import ExitReport, Heartbeat, Notice, parse_report, read_report
 from spotrun.providers.base import InstanceInfo, Pool
-from spotrun.spec import spec_from_dict
 from spotrun.states import (AttemptState, EndReason, InstanceState, NodeState, move_attempt,
                             move_node)
 
@@ -248,10 +248,8 @@ class NodeLoop:
                 add_event(s, job.id, "node_replacing", f"attempt {a.number} node {rank}: "
                           f"launching a replacement in {pool.key()}", attempt_id=a.id)
             s.commit()
-        from spotrun.daemon.scheduler import user_data_for
-        req = request_for(a, job, [pool], user_data_for(self.ctx, job, a),
-                          spec_from_dict(job.spec).policy.max_price_usd_per_hour,
-                          ranks=[rank], token=row.client_token)
+        req = launch_request(self.ctx.settings, AttemptPlan.of(job, a), [pool],
+                             client_token=row.client_token, ranks=[rank])
         try:
             info = self.ctx.provider.launch(self.ctx.provider.plan_launch(req))
         except CapacityError as exc:

@@ -22,20 +22,15 @@ from datetime import datetime
 from typing import Any
 
 from spotrun import layout
-from spotrun.budgets.config import TAG_OWNER, TAG_PROJECT
+from spotrun.agent.contract import AttemptPlan, launch_request
 from spotrun.daemon.context import DaemonContext
 from spotrun.db import Attempt, AttemptNode, Job, add_event, nodes_of, session
 from spotrun.errors import StoreError
-from spotrun.providers.base import (TAG_ATTEMPT, TAG_JOB, TAG_MANAGED, TAG_NODE, InstanceInfo,
-                                    LaunchRequest, Pool)
+from spotrun.providers.base import InstanceInfo, Pool
 from spotrun.states import EndReason, NodeState, move_node
+from spotrun.providers.facts import facts_for
 
 LIVE_NODE = (NodeState.LAUNCHING, NodeState.RUNNING)
-
-
-def spec_is_multi(spec: Any) -> bool:
-    """True for a job spec that runs on several nodes (or is elastic)."""
-    return spec.resources.nodes > 1 or spec.resources.nodes_min is not None
 
 
 def is_multi(att: Attempt) -> bool:
@@ -93,27 +88,14 @@ def record_launched(s: Any, node: AttemptNode, info: InstanceInfo) -> None:
     s.add(node)
 
 
-def request_for(att: Attempt, job: Job, pools: list[Pool], user_data: str,
-                max_price: float | None, *, ranks: list[int], token: str) -> LaunchRequest:
-    """The launch request of some of an attempt's nodes (the group, or one replacement)."""
-    tags = {TAG_JOB: job.id, TAG_ATTEMPT: str(att.number), TAG_MANAGED: "true",
-            TAG_PROJECT: job.project, TAG_OWNER: job.owner}   # the cloud's bill groups alike
-    if len(ranks) == 1:
-        tags[TAG_NODE] = str(ranks[0])
-    return LaunchRequest(job_id=job.id, attempt_number=att.number, client_token=token,
-                         candidates=tuple(pools), user_data=user_data, tags=tags,
-                         max_price_usd_per_hour=max_price, count=len(ranks),
-                         node_ranks=tuple(ranks))
-
-
-def launch_group(ctx: DaemonContext, job: Job, att: Attempt, pools: list[Pool],
-                 user_data: str, max_price: float | None) -> list[InstanceInfo]:
+def launch_group(ctx: DaemonContext, job: Job, att: Attempt,
+                 pools: list[Pool]) -> list[InstanceInfo]:
     """Launch the attempt's first group (all nodes in one pool) and record it; CapacityError
     and ProviderError reach the caller (the scheduler), which treats them as for one node."""
     with session(ctx.engine) as s:
         pending = [n for n in nodes_of(s, att.id) if n.instance_id is None]
-    req = request_for(att, job, pools, user_data, max_price,
-                      ranks=[n.node_rank for n in pending], token=att.client_token)
+    req = launch_request(ctx.settings, AttemptPlan.of(job, att), pools,
+                         client_token=att.client_token, ranks=[n.node_rank for n in pending])
     infos = ctx.provider.launch_group(ctx.provider.plan_launch(req))
     with session(ctx.engine) as s:
         a = s.get(Attempt, att.id)
@@ -152,7 +134,6 @@ def members_of(nodes: list[AttemptNode]) -> list[AttemptNode]:
 
 
 def _endpoint(ctx: DaemonContext, host: AttemptNode) -> str:
-    from spotrun.providers.facts import facts_for
     port = facts_for(ctx.settings).rdzv_port or free_port()
     return f"{host.private_ip or '127.0.0.1'}:{port}"
 

@@ -17,9 +17,9 @@ from sqlmodel import func, select
 from spotrun.daemon.context import DaemonContext
 from spotrun.db import Event, Meta, session, utcnow
 from spotrun.notify import events as ev
-from spotrun.notify.config import parse_notify
+from spotrun.notify.routes import parse_notify
 from spotrun.notify.deliver import Deliverer, Post
-from spotrun.notify.outbox import NotifyOutbox, add_missing
+from spotrun.db.outbox import NotifyOutbox, add_missing
 
 WATERMARK = "notify:last_event_id"
 

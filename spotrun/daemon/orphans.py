@@ -17,7 +17,7 @@ from sqlmodel import select
 from spotrun.daemon.context import DaemonContext
 from spotrun.db import Attempt, AttemptNode, LedgerMark, SpendEntry, add_event, session
 from spotrun.ledger.intervals import seconds_between
-from spotrun.ledger.rules import BillingRules, PriceSource, SpendKind
+from spotrun.providers.billing_rules import BillingRules, PriceSource, SpendKind
 from spotrun.providers.facts import rules_for
 from spotrun.providers.base import TAG_ATTEMPT, TAG_JOB, TAG_MANAGED, InstanceInfo
 from spotrun.states import AttemptState, Market, TerminationCause

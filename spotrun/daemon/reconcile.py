@@ -23,7 +23,7 @@ from spotrun import layout
 from spotrun.agent.fence import fenced_key
 from spotrun.daemon.context import DaemonContext
 from spotrun.daemon.savefail import record_save_failures
-from spotrun.progress import attempt_reported, attempt_saved, job_reached
+from spotrun.steps import attempt_reported, attempt_saved, job_reached
 from spotrun.db import Attempt, Job, add_event, attempts_of, session
 from spotrun.errors import ObjectNotFound, StoreError
 from spotrun.providers.base import InstanceInfo
@@ -31,6 +31,7 @@ from spotrun.reports import ExitReport, Heartbeat, parse_report, read_report
 from spotrun.spec import spec_from_dict
 from spotrun.states import (AttemptState, EndReason, InstanceState, JobState, TerminationCause,
                             move_attempt, move_job)
+from spotrun.daemon.nodes import is_multi, terminate_nodes
 
 STOP_GRACE_S = 10.0
 LIVE = (AttemptState.LAUNCHING, AttemptState.RUNNING, AttemptState.TERMINATING)
@@ -373,7 +374,6 @@ def terminate_attempt(ctx: DaemonContext, att: Attempt, reason: EndReason, detai
 
 
 def _multi(att: Attempt) -> bool:
-    from spotrun.daemon.nodes import is_multi
     return is_multi(att)
 
 
@@ -381,7 +381,6 @@ def _terminate_instances(ctx: DaemonContext, att: Attempt, detail: str,
                          reason: EndReason = EndReason.CANCELLED) -> None:
     """Terminate an attempt's instance, or every node of a multi-node attempt."""
     if _multi(att):
-        from spotrun.daemon.nodes import terminate_nodes
         terminate_nodes(ctx, att, reason, detail)
     elif att.instance_id:
         ctx.provider.terminate(att.instance_id)

@@ -11,7 +11,6 @@ and the provider returns the instance it already started instead of a second one
 from __future__ import annotations
 
 import secrets
-from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -20,24 +19,22 @@ from sqlalchemy import select as sa_select
 from sqlmodel import select
 
 
-from spotrun.agent.config import AgentConfig
-from spotrun.budgets.config import TAG_OWNER, TAG_PROJECT
+from spotrun.agent.contract import AttemptPlan, launch_request, spec_is_multi
 from spotrun.budgets.guard import ScopeGuard
-from spotrun.config import Settings
 from spotrun.daemon.context import DaemonContext
 from spotrun.daemon.decision import Decisions, PassInputs, RiskModels, placement_for
 from spotrun.daemon.nodes import (add_group_intents, group_pending, is_multi, launch_group,
-                                  spec_is_multi, terminate_nodes)
+                                  terminate_nodes)
 from spotrun.daemon.placement import PolicyPlacer, same_pool
 from spotrun.decide import MAX_CANDIDATES, Candidate
 from spotrun.decide.deadline import deadline_on_provider_clock
 from spotrun.decide.waitkind import reason_kind
 from spotrun.daemon.reconcile import terminate_attempt
-from spotrun.progress import job_resumes_from
+from spotrun.steps import job_resumes_from
 from spotrun.db import Attempt, Event, Job, add_event, attempts_of, session, utcnow
 from spotrun.errors import CapacityError, ProviderError
-from spotrun.providers.base import (TAG_ATTEMPT, TAG_JOB, TAG_MANAGED, LaunchRequest, Pool,
-                                    pools_from_json, pools_to_json)
+from spotrun.ledger.budget import budget_check, request_budget_stop
+from spotrun.providers.base import TAG_ATTEMPT, Pool, pools_from_json, pools_to_json
 from spotrun.spec import JobSpec, job_spec, spec_from_dict
 from spotrun.states import AttemptState, EndReason, JobState, Market, move_attempt, move_job
 
@@ -322,12 +319,8 @@ class SchedulerLoop:
         if is_multi(attempt):
             self._launch_group(job, attempt, pools, now)
             return
-        request = LaunchRequest(
-            job_id=job.id, attempt_number=attempt.number, client_token=attempt.client_token,
-            candidates=tuple(pools), user_data=self.agent_config(job, attempt).to_json(),
-            tags={TAG_JOB: job.id, TAG_ATTEMPT: str(attempt.number), TAG_MANAGED: "true",
-                  TAG_PROJECT: job.project, TAG_OWNER: job.owner},
-            max_price_usd_per_hour=self._specs_of(job)[0].policy.max_price_usd_per_hour)
+        request = launch_request(self.ctx.settings, AttemptPlan.of(job, attempt), pools,
+                                 client_token=attempt.client_token)
         plan = self.ctx.provider.plan_launch(request)
         try:
             info = self.ctx.provider.launch(plan)
@@ -360,10 +353,8 @@ class SchedulerLoop:
 
     def _launch_group(self, job: Job, attempt: Attempt, pools: list[Pool], now: datetime) -> None:
         """All of a multi-node attempt's nodes in one pool (spotrun.daemon.nodes)."""
-        user_data = self.agent_config(job, attempt).to_json()
-        max_price = self._specs_of(job)[0].policy.max_price_usd_per_hour
         try:
-            infos = launch_group(self.ctx, job, attempt, pools, user_data, max_price)
+            infos = launch_group(self.ctx, job, attempt, pools)
         except CapacityError as exc:
             terminate_nodes(self.ctx, attempt, EndReason.LAUNCH_FAILED, "no capacity")
             self._end_attempt(attempt, EndReason.LAUNCH_FAILED, f"no capacity: {exc.message}")
@@ -380,7 +371,6 @@ class SchedulerLoop:
 
     def _budget_allows(self, job: Job, c: Candidate, now: datetime) -> bool:
         """Refuse a launch the model expects to overrun the budget; stop the job instead."""
-        from spotrun.ledger.budget import budget_check, request_budget_stop
         # The next stretch: one checkpoint interval, or the whole remaining work if shorter.
         hours = c.checkpoint_interval_s / 3600.0
         if c.expected_hours is not None:
@@ -429,16 +419,6 @@ class SchedulerLoop:
         return price if price is not None else self.ctx.provider.on_demand_price(
             pool.instance_type)
 
-    def agent_config(self, job: Job, attempt: Attempt) -> AgentConfig:
-        """The user data for an attempt's instance."""
-        return build_agent_config(
-            self.ctx.settings, AttemptPlan(job_id=job.id, spec=spec_from_dict(job.spec),
-                                           store_uri=job.store_uri,
-                                           checkpoint_uri=job.checkpoint_uri,
-                                           bundle_key=job.bundle_key, attempt=attempt.number,
-                                           gpus=attempt.gpus,
-                                           checkpoint_interval_s=attempt.checkpoint_interval_s))
-
 
 def _still_launchable(s: Any, job_id: str, now: datetime) -> bool:
     """Lock the job's row if it is still live and not being cancelled (a conditional update),
@@ -459,53 +439,3 @@ def _still_launchable(s: Any, job_id: str, now: datetime) -> bool:
         Attempt.job_id == job_id,
         Attempt.state.in_([AttemptState.LAUNCHING, AttemptState.RUNNING])).exists()
     return not s.execute(sa_select(live)).scalar()
-
-
-@dataclass(frozen=True)
-class AttemptPlan:
-    """What an attempt's agent is told: the job, where its files live, and the placement."""
-
-    job_id: str
-    spec: JobSpec
-    store_uri: str
-    checkpoint_uri: str
-    bundle_key: str | None
-    attempt: int
-    gpus: int                                # GPUs the job uses per node (SPOTRUN_GPUS)
-    checkpoint_interval_s: float | None      # provider clock, from the decision
-
-
-def user_data_for(ctx: DaemonContext, job: Job, attempt: Attempt) -> str:
-    """An attempt's user data (every node of a multi-node attempt gets the same)."""
-    return SchedulerLoop(ctx).agent_config(job, attempt).to_json()
-
-
-def build_agent_config(settings: Settings, plan: AttemptPlan) -> AgentConfig:
-    """The agent's configuration for one attempt (the instance's user data)."""
-    from spotrun.providers.facts import facts_for
-    spec = plan.spec
-    st = settings
-    facts = facts_for(st)
-    # The provider's clock may run faster than the wall (the local market); agents time things
-    # in wall seconds.
-    scale = facts.time_scale(st)
-    interval_s = plan.checkpoint_interval_s / scale if plan.checkpoint_interval_s else None
-    return AgentConfig(
-        job_id=plan.job_id, attempt=plan.attempt, store_uri=plan.store_uri,
-        checkpoint_uri=plan.checkpoint_uri, command=spec.command, env=dict(spec.env),
-        secrets=dict(spec.secrets), bundle_key=plan.bundle_key, gpus=plan.gpus,
-        total_steps=spec.work.total_steps, checkpoint_interval_s=interval_s,
-        checkpoint_keep=spec.checkpoint.keep, time_scale=scale, outputs=list(spec.outputs),
-        persist=spec.persist_patterns(), job_dir=facts.job_dir(st),
-        heartbeat_interval_s=st.agent.heartbeat_interval_s,
-        notice_poll_interval_s=st.agent.notice_poll_interval_s,
-        log_flush_interval_s=st.agent.log_flush_interval_s,
-        deadman_timeout_s=st.daemon.deadman_timeout_s, region=st.region,
-        **_node_fields(spec), **facts.agent_extras(st))
-
-
-def _node_fields(spec: JobSpec) -> dict[str, Any]:
-    """AgentConfig's multi-node fields (MULTINODE.md); none for a one-node job."""
-    if not spec_is_multi(spec):
-        return {}
-    return {"nodes": spec.resources.nodes, "nodes_min": spec.resources.nodes_min}

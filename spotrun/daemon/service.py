@@ -19,6 +19,10 @@ from spotrun.daemon.app import build_context, build_runner
 from spotrun.daemon.context import DaemonContext
 from spotrun.daemon.health import HealthPublisher, read_health
 from spotrun.daemon.lease import Lease, LeaseKeeper, wait_for_lease
+from spotrun.db.engine import make_engine
+from spotrun.db.faults import database_error
+from spotrun.db.migrations import LATEST
+from spotrun.db.probe import probe
 from spotrun.errors import SpotrunError
 
 # Read by the loops on every tick (or at a runner restart): safe to change while running.
@@ -62,7 +66,6 @@ def reload_settings(ctx: DaemonContext) -> tuple[list[str], list[str]]:
 
 def serve(settings: Settings) -> int:
     """Run until SIGTERM/SIGINT; the exit status for the process."""
-    from spotrun.db import make_engine
     flags = _Flags()
     _install(flags)
     log = structlog.get_logger("spotrun.daemon")
@@ -135,8 +138,6 @@ def health(settings: Settings) -> tuple[bool, str, dict[str, Any]]:
 
     Writes nothing: a broken, locked or newer database is named from a read-only look.
     """
-    from spotrun.dbfaults import database_error, probe
-    from spotrun.migrations import LATEST
     url = settings.database_url
     look = probe(url, timeout_s=settings.db_busy_timeout_s, latest=LATEST)
     if look.kind == "missing":
@@ -146,7 +147,6 @@ def health(settings: Settings) -> tuple[bool, str, dict[str, Any]]:
     if not look.ok:
         return False, look.message, detail
     try:
-        from spotrun.db import make_engine
         engine = make_engine(url, busy_timeout_s=settings.db_busy_timeout_s)
         try:
             holder = Lease(engine, ttl_s=settings.daemon.lease_ttl_s).holder()

@@ -25,11 +25,11 @@ from spotrun.ledger.booking import BookingConflict, book_attempt, instance_times
 from spotrun.ledger.budget import budget_check, job_budget_usd, request_budget_stop
 from spotrun.ledger.committed import committed_by_attempt
 from spotrun.ledger.intervals import seconds_between
-from spotrun.ledger.rules import BillingRules
+from spotrun.providers.billing_rules import BillingRules
 from spotrun.providers.facts import rules_for
 from spotrun.ledger.storage import StoreOpener, book_storage, measure_job_storage, storage_key
 from spotrun.providers.base import InstanceInfo, Provider
-from spotrun.states import AttemptState, JobState
+from spotrun.states import AttemptState, JobState, NodeState
 from spotrun.store import open_store
 
 _TERMINAL_JOBS = [s for s in JobState if s.is_terminal()]
@@ -279,7 +279,6 @@ def node_key(node_id: int | None) -> str:
 
 def node_attempt_view(n: AttemptNode, a: Attempt) -> Attempt:
     """A detached Attempt carrying one node's instance, pool and times (for book_attempt)."""
-    from spotrun.states import NodeState
     return Attempt(id=a.id, job_id=a.job_id, number=a.number, market=n.market,
                    instance_type=n.instance_type, zone=n.zone,
                    price_usd_per_hour=n.price_usd_per_hour, client_token=n.client_token,

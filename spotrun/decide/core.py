@@ -23,6 +23,7 @@ from spotrun.decide.market import MarketSnapshot
 from spotrun.decide.rank import NO_PROGRESS, NOW, Candidate, Ranking, rank
 from spotrun.spec import JobSpec
 from spotrun.states import Market, MarketPolicy
+from spotrun.costmodel.risk import risk_model
 
 MAX_CANDIDATES = 8   # pools offered per launch; the next launch decides again anyway
 
@@ -87,7 +88,6 @@ def decide(spec: JobSpec, *, catalog: Catalog, market: MarketSnapshot, history: 
     `notice`: the provider's interruption notice (costmodel.notice_prior_of(facts, settings)).
     """
     if risk is None:
-        from spotrun.costmodel.risk import risk_model
         risk = risk_model(catalog)
     ranking = rank(spec, catalog=catalog, market=market, history=history, hours_left=hours_left,
                    job_id=job_id, steps_done=steps_done, risk=risk, notice=notice,

@@ -22,7 +22,7 @@ from sqlmodel import Session, select
 from spotrun.db import Attempt, LedgerMark, SpendEntry
 from spotrun.errors import SpotrunError
 from spotrun.ledger.intervals import PricedSpan, seconds_between, split_at_prices
-from spotrun.ledger.rules import BillingRules, PriceSource, SpendKind
+from spotrun.providers.billing_rules import BillingRules, PriceSource, SpendKind
 from spotrun.providers.base import InstanceInfo, PricePoint
 from spotrun.states import AttemptState, EndReason, Market, TerminationCause
 

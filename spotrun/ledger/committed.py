@@ -16,7 +16,7 @@ from sqlmodel import select
 
 from spotrun.db import Attempt, LedgerMark, SpendEntry
 from spotrun.ledger.intervals import seconds_between
-from spotrun.ledger.rules import SpendKind
+from spotrun.providers.billing_rules import SpendKind
 
 STOP_WALL_S = 3.0   # wall seconds from a budget stop request to the instance gone
 MIN_STOP_MARGIN_S = 900.0

@@ -21,7 +21,7 @@ from spotrun.db import Job, LedgerMark, SpendEntry
 from spotrun.errors import StoreError
 from spotrun.ledger.booking import save_mark
 from spotrun.ledger.intervals import seconds_between
-from spotrun.ledger.rules import BillingRules, PriceSource, SpendKind
+from spotrun.providers.billing_rules import BillingRules, PriceSource, SpendKind
 from spotrun.store import open_store
 from spotrun.store.base import ObjectStore
 

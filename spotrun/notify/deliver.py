@@ -20,7 +20,7 @@ from sqlalchemy.engine import Engine
 from tenacity import RetryError, retry, stop_after_attempt, wait_exponential
 
 from spotrun.db import session, utcnow
-from spotrun.notify.outbox import NotifyOutbox
+from spotrun.db.outbox import NotifyOutbox
 
 log = structlog.get_logger("spotrun.notify")
 Post = Callable[[str, bytes, dict[str, str], float], int]

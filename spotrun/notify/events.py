@@ -20,6 +20,7 @@ from spotrun import layout
 from spotrun.db import Attempt, Event, Job, SpendEntry
 from spotrun.reports import Heartbeat, parse_report
 from spotrun.states import AttemptState
+from spotrun.decide.policy import JobProgress
 
 OVERLAP_IDS = 200   # events re-read below the watermark (ids may commit out of order)
 _EVENT_KINDS = {"failed": "job_failed", "succeeded": "job_succeeded",
@@ -101,7 +102,6 @@ def from_budgets(s: Session, warn_fraction: float) -> list[Alert]:
 
 def from_deadlines(s: Session, provider_now: datetime, changeover_s: float) -> list[Alert]:
     """Deadline jobs the policy's own estimate says can no longer make it (slack < 0)."""
-    from spotrun.decide.policy import JobProgress
     out = []
     for job in s.exec(select(Job).where(Job.deadline_at.is_not(None))):
         if job.state.is_terminal() or not job.total_steps:

@@ -18,9 +18,9 @@ from typing import Any, Iterable
 from sqlalchemy.exc import IntegrityError
 
 from spotrun.db import session
-from spotrun.notify.config import NotifyConfig
+from spotrun.notify.routes import NotifyConfig
 from spotrun.notify.events import Alert
-from spotrun.notify.outbox import add_missing
+from spotrun.db.outbox import add_missing
 
 
 def scope_alerts(standing: Iterable[Any], warn_fraction: float) -> list[Alert]:

@@ -21,6 +21,10 @@ TAG_JOB = "spotrun:job"
 TAG_ATTEMPT = "spotrun:attempt"
 TAG_MANAGED = "spotrun:managed"
 TAG_NODE = "spotrun:node"          # the node rank an instance was launched for (multi-node)
+# Whose budget (docs/budgets.md), so the cloud's own bill (AWS cost-allocation tags, GCP labels)
+# groups like spotrun's budgets.
+TAG_PROJECT = "spotrun:project"
+TAG_OWNER = "spotrun:owner"
 
 
 @dataclass(frozen=True)
@@ -256,7 +260,7 @@ class ProviderFacts:
     billed_volume_gb: Callable[[Any], float]          # disk billed per instance beside the GPU
     agent_extras: Callable[[Any], dict[str, Any]]     # provider-specific agent settings
     clock_name: str = "wall"                          # how the CLI labels the provider's clock
-    billing_rules: Callable[[], Any] = lambda: None   # spotrun.ledger.rules.BillingRules
+    billing_rules: Callable[[], Any] = lambda: None   # spotrun.providers.billing_rules.BillingRules
     # What the cloud itself bills (the audit's truth where a provider has one), or None.
     market_truth: Callable[[Any], Any] = lambda st: None
     doctor: Callable[[Any], list[Any]] | None = None  # cloud checks for `spotrun doctor`

@@ -11,7 +11,7 @@ from typing import Any, Callable
 
 from spotrun.catalog import Catalog, catalog_od_price, load_catalog
 from spotrun.errors import ConfigError
-from spotrun.ledger.rules import BillingRules
+from spotrun.providers.billing_rules import BillingRules
 from spotrun.providers import aws, gcp, local
 from spotrun.providers.base import ProviderFacts
 

@@ -26,11 +26,12 @@ from importlib import resources
 from typing import Any, Callable
 from urllib.parse import parse_qs, urlparse
 
-from spotrun.cli.common import json_default
+from spotrun.contracts import json_default
 from spotrun.errors import BadInputError, NotFoundError, SpotrunError
 from spotrun.ui import views
 from spotrun.daemon.health import live_loop_health
 from spotrun.ui.metrics import render_metrics
+from spotrun.db import iter_jobs, jobs_by_ref, open_db, session
 
 LOOPBACK = {"127.0.0.1", "localhost", "::1"}
 STATIC_TYPES = {".js": "text/javascript; charset=utf-8", ".css": "text/css; charset=utf-8",
@@ -43,7 +44,6 @@ class Dashboard:
     """The data side of the server: settings, engine, and a cache for finished jobs' audits."""
 
     def __init__(self, settings: Any) -> None:
-        from spotrun.db import open_db
         self.settings = settings
         self.engine = open_db(settings.database_url)
         self.reports = views.Reports()
@@ -53,7 +53,6 @@ class Dashboard:
     def _audits(self, job_ids: list[str] | None, hindsight: bool) -> list[Any]:
         """The jobs' audits (None: every job), those not kept audited together in one read;
         a finished job's is kept (its figures no longer change)."""
-        from spotrun.db import iter_jobs, jobs_by_ref, session
         with session(self.engine) as s:
             jobs = list(iter_jobs(s)) if job_ids is None else jobs_by_ref(s, job_ids)
         for job_id, job in zip(job_ids or [], jobs):

@@ -25,7 +25,16 @@ from spotrun.audit.reclaims import RECLAIMED_EVENT, AttemptReports, ToMarket, at
     reclaim_times
 from spotrun.reports import ExitReport, Heartbeat, Notice, parse_report
 from spotrun.states import EndReason, JobState
-from spotrun.ui.clock import WallToProvider, clock_info, provider_now, time_scale
+from spotrun.providers.timescale import WallToProvider, clock_info, provider_now, time_scale
+from spotrun.budgets.standing import read_standing
+from spotrun.config import scope_key
+from spotrun.daemon.lease import live_holder, no_daemon_reason
+from spotrun.ledger.committed import stop_margin_s
+from spotrun.store import open_store
+from spotrun.audit import audit_jobs
+from spotrun.audit.plot import cumulative_curve
+from spotrun.audit.regret import MODEL_FOR_JOB, use_observed_model
+from spotrun.providers.facts import od_price_for
 
 LOG_TAIL_BYTES = 8000
 
@@ -34,7 +43,6 @@ class Reports:
     """The agents' own last reports per attempt (heartbeat, exit, notice), read from the store."""
 
     def __init__(self, opener: Callable[[str], Any] | None = None) -> None:
-        from spotrun.store import open_store
         self._open = opener or open_store
         self._stores: dict[str, Any] = {}
         # Attempts whose agent wrote its last report (exit.json is written last) or whose
@@ -221,7 +229,6 @@ WAITS_FOR_DAEMON = (JobState.QUEUED, JobState.RECOVERING)
 
 def daemon_missing(settings: Any, engine: Any) -> str | None:
     """The reason queued jobs give while no daemon holds the lease; None while one does."""
-    from spotrun.daemon.lease import live_holder, no_daemon_reason
     if live_holder(engine) is not None:
         return None
     return no_daemon_reason(settings.home_path)
@@ -279,8 +286,6 @@ def budgets_view(settings: Any, *, engine: Any = None, now: datetime | None = No
     """`spotrun budgets --json`: every project and owner budget with what it has spent this
     period, committed and left (docs/budgets.md); the provider's clock (now: a reading of
     it) picks the period."""
-    from spotrun.budgets.standing import read_standing
-    from spotrun.ledger.committed import stop_margin_s
     if not settings.budgets.configured():
         return []
     engine = engine or open_settings_db(settings)
@@ -302,7 +307,6 @@ def budgets_view(settings: Any, *, engine: Any = None, now: datetime | None = No
 
 def _scope_hits(settings: Any, pairs: Any) -> list[str]:
     """The budget keys each (project, owner) pair spends from, flattened."""
-    from spotrun.budgets.config import scope_key
     return [scope_key(sc, n) for project, owner in pairs
             for sc, n, _ in settings.budgets.of_job(project, owner)]
 
@@ -324,9 +328,6 @@ def audit_view(settings: Any, refs: list[str] | None = None, *, since: datetime 
                jobs: list[Job] | None = None, to_market: ToMarket | None = None) -> list:
     """`spotrun audit`: JobAudit per job (`.to_dict()` is the --json element); jobs: these
     Job rows, already read, instead of refs; to_market as for `status_view`."""
-    from spotrun.audit import audit_jobs
-    from spotrun.audit.regret import MODEL_FOR_JOB, use_observed_model
-    from spotrun.providers.facts import od_price_for
     # The hindsight builder is a module-level hook: set it for this call only, then restore.
     saved = MODEL_FOR_JOB.pop("default", None)
     try:
@@ -348,7 +349,6 @@ def audit_view(settings: Any, refs: list[str] | None = None, *, since: datetime 
 
 def curve_points(spans: list[tuple[datetime, datetime, float]]) -> list[list[float]]:
     """A cumulative curve as [[unix seconds (provider clock), usd], ...]."""
-    from spotrun.audit.plot import cumulative_curve
     xs, ys = cumulative_curve(spans)
     return [[x.timestamp(), y] for x, y in zip(xs, ys)]
 

@@ -28,7 +28,7 @@ from spotrun.daemon.app import build_context, build_runner
 from spotrun.db import SpendEntry, attempts_of, session
 from spotrun.errors import ObjectNotFound, StoreError
 from spotrun.jobs import submit, validate_submission
-from spotrun.ledger.rules import SpendKind
+from spotrun.providers.billing_rules import SpendKind
 from spotrun.providers.facts import rules_for
 from spotrun.providers.gcp import PREEMPTION_WINDOW_S
 from spotrun.providers.gcp.launch import zone_of

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from spotrun.ledger.rules import BillingRules
+from spotrun.providers.billing_rules import BillingRules
 from spotrun.providers.aws.userdata import JOB_DIR
 from spotrun.providers.base import ProviderFacts, ProviderFeature
 

@@ -21,7 +21,7 @@ from sqlmodel import Session, select
 from spotrun.aws_clients import error_code
 from spotrun.db import Job, SpendEntry, attempts_of
 from spotrun.errors import SpotrunError
-from spotrun.ledger.rules import SpendKind
+from spotrun.providers.billing_rules import SpendKind
 from spotrun.providers.base import TAG_JOB
 
 CE_LAG_S = 24 * 3600.0

@@ -16,7 +16,7 @@ import shlex
 
 import yaml
 
-from spotrun.agent.userdata import MARKER, with_shutdown_command
+from spotrun.providers.bootconfig import MARKER, with_shutdown_command
 from spotrun.errors import ConfigError, ProviderError
 from spotrun.providers.agent_unit import (AGENT_CONFIG_PATH, AGENT_UNIT, JOB_DIR,  # noqa: F401
                                           SHUTDOWN_COMMAND, UNIT_NAME, UNIT_PATH, VENV)

@@ -23,7 +23,7 @@ BillingRules holds one price per item, so storage and disk carry the us-central1
 
 from __future__ import annotations
 
-from spotrun.ledger.rules import BillingRules
+from spotrun.providers.billing_rules import BillingRules
 
 GCS_STANDARD_USD_PER_GIB_MONTH = 0.020
 GCS_CLASS_A_USD_PER_1000 = 0.005

@@ -17,7 +17,7 @@ from __future__ import annotations
 import shlex
 from typing import Any, Iterable
 
-from spotrun.agent.userdata import with_shutdown_command
+from spotrun.providers.bootconfig import with_shutdown_command
 from spotrun.errors import ConfigError, ProviderError
 from spotrun.providers.agent_unit import (AGENT_CONFIG_PATH, AGENT_UNIT, SHUTDOWN_COMMAND,
                                           UNIT_NAME, UNIT_PATH, VENV)

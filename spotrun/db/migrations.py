@@ -18,8 +18,8 @@ from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import DBAPIError
 from sqlmodel import Session, SQLModel
 
-from spotrun.db import Meta
-import spotrun.notify.outbox  # noqa: F401,E402  (its table is part of the schema)
+from spotrun.db.models import AttemptNode, Job, Meta
+from spotrun.db.outbox import NotifyOutbox   # its table is part of the schema
 from spotrun.errors import ConfigError
 
 VERSION_KEY = "schema_version"
@@ -45,22 +45,19 @@ def _end_reason_moved(conn: Connection) -> None:
 
 
 def _notify_outbox(conn: Connection) -> None:
-    """Version 4: the alerts outbox (spotrun.notify.outbox), one row per event and webhook."""
-    from spotrun.notify.outbox import NotifyOutbox
+    """Version 4: the alerts outbox (spotrun.db.outbox), one row per event and webhook."""
     NotifyOutbox.__table__.create(conn, checkfirst=True)
 
 
 def _attempt_nodes(conn: Connection) -> None:
     """Version 5: multi-node attempts: the AttemptNode table (Attempt's node columns are added
     generically)."""
-    from spotrun.db import AttemptNode
     AttemptNode.__table__.create(conn, checkfirst=True)
 
 
 def _owners_and_projects(conn: Connection) -> None:
     """Version 6: budgets per project and owner. The columns come generically, old rows
     reading their defaults (owner "unknown", project "default"); their indexes here."""
-    from spotrun.db import Job
     for index in Job.__table__.indexes:
         if {c.name for c in index.columns} & {"owner", "project"}:
             index.create(conn, checkfirst=True)

@@ -15,7 +15,7 @@ from typing import Any, Callable, Iterable
 from sqlalchemy import UniqueConstraint
 from sqlmodel import Field, SQLModel, select
 
-from spotrun.db import UTCDateTime, utcnow
+from spotrun.db.models import UTCDateTime, utcnow
 
 
 class NotifyOutbox(SQLModel, table=True):

@@ -9,6 +9,7 @@ import threading
 import click
 
 from spotrun.cli.common import get_settings
+from spotrun.ui.server import make_server
 
 
 @click.command()
@@ -27,7 +28,6 @@ def ui(port: int, host: str, token: str | None) -> None:
     the on-demand baseline, where the money went, events and the log tail, and follows
     a running job live. JSON: /api/status, /api/audit (the same as the CLI's --json).
     """
-    from spotrun.ui.server import make_server
     token = token or os.environ.get("SPOTRUN_UI_TOKEN") or None
     server = make_server(get_settings(), host=host, port=port, token=token)
     bound_host, bound_port = server.server_address[:2]

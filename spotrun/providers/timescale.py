@@ -12,13 +12,14 @@ from __future__ import annotations
 from datetime import datetime, timezone
 from typing import Any
 
+from spotrun.providers.facts import FACTS
+
 
 def time_scale(settings: Any) -> float:
     """Provider-clock seconds per wall second for these settings (1.0: real time).
 
     The provider declares it (spotrun.providers.facts); an unknown provider runs on real time.
     """
-    from spotrun.providers.facts import FACTS
     facts = FACTS.get(str(getattr(settings, "provider", "")))
     return facts.time_scale(settings) if facts is not None else 1.0
 
@@ -41,7 +42,6 @@ def provider_now(settings: Any) -> datetime:
     now = datetime.now(timezone.utc)
     if time_scale(settings) == 1.0:
         return now
-    from spotrun.providers.facts import FACTS
     facts = FACTS.get(str(getattr(settings, "provider", "")))
     truth = facts.market_truth(settings) if facts is not None else None
     return truth.provider_time(now) if truth is not None else now
@@ -63,8 +63,6 @@ class WallToProvider:
         if self.real_time:
             return wall
         if not self._read:
-            # Start-up cost: the providers' facts load every provider (as provider_now does).
-            from spotrun.providers.facts import FACTS
             facts = FACTS.get(str(getattr(self.settings, "provider", "")))
             self._truth = facts.market_truth(self.settings) if facts is not None else None
             self._read = True
