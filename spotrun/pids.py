@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
+from typing import Iterable
 
 
 def stat_fields(pid: int) -> list[str] | None:
@@ -29,3 +31,15 @@ def is_alive(pid: int | None, ticks: int | None) -> bool:
     if not f or f[0] in ("Z", "X"):
         return False
     return ticks is None or int(f[19]) == ticks
+
+
+def signal_pids(pids: Iterable[int], sig: int) -> int:
+    """Send sig to each pid still there (a process may end meanwhile); how many got it."""
+    count = 0
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+            count += 1
+        except (ProcessLookupError, PermissionError):
+            pass
+    return count

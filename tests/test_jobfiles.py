@@ -185,6 +185,15 @@ def test_nothing_outside_the_job_directory_is_taken(rig, tmp_path):
     assert index["files"] == {}
 
 
+def test_dot_is_the_whole_job_directory_and_an_absolute_glob_is_ignored(tmp_path):
+    # "." used to crash the save (Python 3.11's Path.glob raises IndexError on it).
+    (tmp_path / "logs").mkdir()
+    (tmp_path / "logs" / "a.txt").write_text("a")
+    (tmp_path / "best.pt").write_text("b")
+    assert sorted(jobfiles.collect(tmp_path, ["."])) == ["best.pt", "logs/a.txt"]
+    assert jobfiles.collect(tmp_path, [str(tmp_path / "*"), ""]) == {}
+
+
 def test_restored_folders_keep_the_order_of_their_files_mtimes(rig, tmp_path):
     """Trainer rotates checkpoint-N folders by mtime: a restore must not reorder them."""
     job, store, _ = rig

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from spotrun.agent.config import AgentConfig
+from spotrun.pids import signal_pids
 
 MARKER_ENV = "SPOTRUN_AGENT_CHILD"   # unique per command start: finds its processes
 RDZV_WAIT_MIN_S = 30.0               # a failed node waits this long for the daemon's rewrite
@@ -153,14 +154,7 @@ def signal_marked(marker: str | None, sig: int) -> int:
     """Send sig to every process carrying the marker; returns how many were signalled."""
     if not marker or not os.path.isdir("/proc"):
         return 0
-    count = 0
-    for pid in marked_pids(marker):
-        try:
-            os.kill(pid, sig)
-            count += 1
-        except (ProcessLookupError, PermissionError):
-            pass
-    return count
+    return signal_pids(marked_pids(marker), sig)
 
 
 def any_marked(marker: str | None) -> bool:

@@ -98,11 +98,11 @@ def collect(root: Path, patterns: Iterable[str]) -> dict[str, Path]:
     root = root.resolve()
     found: dict[str, Path] = {}
     for pattern in patterns:
-        try:
-            matches = sorted(root.glob(pattern))
-        except (ValueError, NotImplementedError):   # "" or an absolute glob
+        if not pattern or Path(pattern).is_absolute():   # glob() refuses both
             log.warning("persist pattern %r is not a relative glob: ignored", pattern)
             continue
+        # "." is the job directory itself (Python 3.11's glob fails on it).
+        matches = [root] if pattern.rstrip("/") == "." else sorted(root.glob(pattern))
         for match in matches:
             for path in ([match] if match.is_file() else sorted(match.rglob("*"))):
                 if not path.is_file() or path.name.startswith(TMP_PREFIX):

@@ -12,7 +12,7 @@ from rich.table import Table
 
 from spotrun import layout
 from spotrun.cli.common import echo_json, get_settings, json_option, open_state_db
-from spotrun.db import Attempt, Job, attempts_of, find_job, session
+from spotrun.db import Attempt, Job, attempts_of, find_job, job_named, session
 from spotrun.errors import NotFoundError
 from spotrun.jobs import request_cancel, resume_job, submit as submit_job, validate_submission
 from spotrun.store import open_store
@@ -270,9 +270,7 @@ def logs(job_ref: str, attempt_no: int | None, follow: bool, poll_s: float,
     settings = get_settings()
     engine = open_state_db(settings, job_ref)
     with session(engine) as s:
-        job = find_job(s, job_ref)
-        if job is None:
-            raise NotFoundError("no such job", field="JOB", value=job_ref)
+        job = job_named(s, job_ref)
         job_id, store_uri = job.id, job.store_uri
         attempts = {a.number: a for a in attempts_of(s, job.id)}
     if attempt_no is not None and attempt_no not in attempts:

@@ -16,8 +16,8 @@ import click
 
 from spotrun import layout
 from spotrun.cli.common import echo_json, get_settings, json_option, open_state_db
-from spotrun.db import find_job, session
-from spotrun.errors import (BadInputError, ChecksumMismatch, NotFoundError, SpotrunError,
+from spotrun.db import job_named, session
+from spotrun.errors import (BadInputError, ChecksumMismatch, SpotrunError,
                             StoreError)
 from spotrun.store import open_store
 from spotrun.store.base import ObjectStore
@@ -115,9 +115,7 @@ def pull(job_ref: str, to_dir: str | None, no_checkpoint: bool, as_json: bool) -
     settings = get_settings()
     engine = open_state_db(settings, job_ref)
     with session(engine) as s:
-        job = find_job(s, job_ref)
-        if job is None:
-            raise NotFoundError("no such job", field="JOB", value=job_ref)
+        job = job_named(s, job_ref)
         job_id, store_uri, ckpt_uri, state = job.id, job.store_uri, job.checkpoint_uri, job.state
     dest = Path(to_dir) if to_dir else Path.cwd() / job_id
     if dest.exists() and not dest.is_dir():

@@ -8,5 +8,5 @@ from spotrun.db.models import (  # noqa: F401
     UTCDateTime, new_job_id, utcnow)
 from spotrun.db.queries import (  # noqa: F401
     MAX_IN_IDS, JobRows, PricePointsOnce, add_event, attempts_by_job, attempts_of, events_by_job,
-    find_job, iter_jobs, jobs_by_ref, nodes_by_attempt, nodes_of, price_points_by_pool,
+    find_job, iter_jobs, job_named, jobs_by_ref, nodes_by_attempt, nodes_of, price_points_by_pool,
     rows_by_job, spend_rows_by_job, where_ids)

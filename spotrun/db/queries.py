@@ -11,6 +11,7 @@ from typing import Any, Iterable, Iterator, Sequence
 from sqlmodel import Session, select
 
 from spotrun.db.models import Attempt, AttemptNode, Event, Job, PricePoint, SpendEntry, utcnow
+from spotrun.errors import NotFoundError
 
 def add_event(s: Session, job_id: str, kind: str, detail: str = "", *,
               attempt_id: int | None = None, ts: datetime | None = None) -> Event:
@@ -27,6 +28,14 @@ def find_job(s: Session, ref: str) -> Job | None:
         return job
     rows = s.exec(select(Job).where(Job.name == ref).order_by(Job.created_at.desc())).all()
     return rows[0] if rows else None
+
+
+def job_named(s: Session, ref: str) -> Job:
+    """find_job, or NotFoundError naming JOB (what every verb that takes a job says)."""
+    job = find_job(s, ref)
+    if job is None:
+        raise NotFoundError("no such job", field="JOB", value=ref, hint="see `spotrun status`")
+    return job
 
 
 def attempts_of(s: Session, job_id: str) -> list[Attempt]:

@@ -283,3 +283,21 @@ def note_save(cb: Any, step: int, where: str, t0: float) -> None:
         print(f"spotrun: emergency checkpoint at step {step} during {where} "
               f"({emergency_s:.2f}s after the notice)", flush=True)
     cb.progress.saved(step, time.monotonic() - t0, emergency_s)
+
+
+class CallbackBase:
+    """What the Trainer and Lightning callbacks share: the job's store, retention, the save
+    cadence, the notice and the progress file (a mixin beside the framework's callback class)."""
+
+    def _start(self, uri: str | None, keep: int | None, interval_s: float | None,
+               install_signal: bool) -> None:
+        """Set the shared state (called first from the callback's __init__)."""
+        self.store = job_store(uri)
+        self.keep = keep or env_keep()
+        # Wall seconds between saves the callback asks for; None leaves it to the framework.
+        self.interval_s = interval_s if interval_s is not None else env_interval_s()
+        self.notice = Notice(install_signal)
+        self.progress = Progress(notice=self.notice)
+        self.uploaded_step: int | None = None
+        self.emergency_steps: list[tuple[int, str]] = []   # (step, "train" | "evaluation")
+        self._last_save_t = time.monotonic()

@@ -34,10 +34,9 @@ from transformers import TrainerCallback
 
 from spotrun import jobfiles
 from spotrun.checkpoints import read_manifest
-from spotrun.integrations._common import (SEP, Notice, Progress, _sha_file, download,
-                                          env_interval_s, env_keep, folder_files, job_store,
-                                          newest_of_kind, note_save, restore_job_files,
-                                          upload_files)
+from spotrun.integrations._common import (SEP, CallbackBase, _sha_file, download, folder_files,
+                                          job_store, newest_of_kind, note_save,
+                                          restore_job_files, upload_files)
 from spotrun.torch.rng import get_rng_state, set_rng_state
 
 log = logging.getLogger("spotrun.integrations.hf")
@@ -48,22 +47,14 @@ STATE_FILE = "spotrun_state.json"
 STATE_FORMAT = 1
 
 
-class SpotrunCallback(TrainerCallback):
+class SpotrunCallback(CallbackBase, TrainerCallback):
     """Upload each Trainer checkpoint to the job's store; save at once on the notice."""
 
     def __init__(self, trainer: Any = None, *, uri: str | None = None, keep: int | None = None,
                  interval_s: float | None = None, install_signal: bool = True) -> None:
         self.trainer = trainer
-        self.store = job_store(uri)
-        self.keep = keep or env_keep()
-        # Wall seconds between saves the callback asks for; None leaves it to save_steps.
-        self.interval_s = interval_s if interval_s is not None else env_interval_s()
-        self.notice = Notice(install_signal)
-        self.progress = Progress(notice=self.notice)
-        self.uploaded_step: int | None = None
-        self.emergency_steps: list[tuple[int, str]] = []   # (step, "train" | "evaluation")
+        self._start(uri, keep, interval_s, install_signal)
         self._training = False
-        self._last_save_t = time.monotonic()
         self._save_t0: float | None = None   # when the step that Trainer is about to save ended
         self._persisted = False
         self._resumed_from: Path | None = None   # the folder resume_from_checkpoint handed out

@@ -51,9 +51,8 @@ except ImportError:   # the standalone package of the same code
 from spotrun import jobfiles
 from spotrun.integrations.lightning_data import (EpochSampler, ResumableDataLoader,
                                                   _train_loaders)
-from spotrun.integrations._common import (Notice, Progress, download, env_interval_s, env_keep,
-                                          job_store, newest_of_kind, note_save,
-                                          restore_job_files, upload_files)
+from spotrun.integrations._common import (CallbackBase, download, job_store, newest_of_kind,
+                                          note_save, restore_job_files, upload_files)
 from spotrun.torch.rng import get_rng_state, set_rng_state
 
 log = logging.getLogger("spotrun.integrations.lightning")
@@ -228,21 +227,14 @@ def _flush_loggers(trainer: Any) -> None:
             log.warning("spotrun: could not flush logger %s: %s", type(lg).__name__, exc)
 
 
-class SpotrunCallback(pl.Callback):
+class SpotrunCallback(CallbackBase, pl.Callback):
     """Upload Lightning checkpoints to the job's store; save at once on the notice."""
 
     def __init__(self, dirpath: str | os.PathLike[str] = DEFAULT_DIR, *, uri: str | None = None,
                  keep: int | None = None, interval_s: float | None = None,
                  install_signal: bool = True) -> None:
         self.dirpath = Path(dirpath)
-        self.store = job_store(uri)
-        self.keep = keep or env_keep()
-        self.interval_s = interval_s if interval_s is not None else env_interval_s()
-        self.notice = Notice(install_signal)
-        self.progress = Progress(notice=self.notice)
-        self.uploaded_step: int | None = None
-        self.emergency_steps: list[tuple[int, str]] = []
-        self._last_save_t = time.monotonic()
+        self._start(uri, keep, interval_s, install_signal)
         self._created_s = time.time()
         self._saving: str | None = None                      # where, while save() runs
         self._last_saved: tuple[int, str] | None = None      # (step, where) of the last save

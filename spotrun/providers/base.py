@@ -15,6 +15,7 @@ from datetime import datetime
 from enum import Enum
 from typing import Any, Callable, Protocol, runtime_checkable
 
+from spotrun.errors import ConfigError
 from spotrun.states import InstanceState, Market, TerminationCause
 
 TAG_JOB = "spotrun:job"
@@ -99,6 +100,13 @@ class LaunchPlan:
         req["user_data"] = f"<{len(self.request.user_data)} bytes>"
         req["candidates"] = [p.key() for p in self.request.candidates]
         return {"provider": self.provider, "request": req, "calls": list(self.calls)}
+
+    def single(self) -> LaunchRequest:
+        """The request of a one-instance launch; a group's goes through launch_group."""
+        if self.request.count != 1:
+            raise ConfigError("launch starts one instance; a group goes through launch_group",
+                              field="count", value=self.request.count)
+        return self.request
 
 
 @dataclass(frozen=True)

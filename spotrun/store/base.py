@@ -12,8 +12,9 @@ from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
 from typing import Callable, Protocol, runtime_checkable
+from urllib.parse import urlparse
 
-from spotrun.errors import StoreError
+from spotrun.errors import ConfigError, StoreError
 
 ProgressFn = Callable[[int, int], None]   # (bytes_done, bytes_total)
 
@@ -86,6 +87,23 @@ def validate_key(key: str) -> str:
         raise StoreError("invalid object key", field="key", value=key,
                          hint="no empty, '.' or '..' parts")
     return key
+
+
+def bucket_of(uri: str, scheme: str) -> tuple[str, str]:
+    """`scheme://bucket[/prefix]` as (bucket, prefix); ConfigError naming store_uri otherwise."""
+    parsed = urlparse(uri)
+    if parsed.scheme != scheme or not parsed.netloc:
+        raise ConfigError(f"allowed: {scheme}://bucket/prefix", field="store_uri", value=uri)
+    return parsed.netloc, parsed.path
+
+
+def listing_prefix(store_prefix: str, prefix: str) -> tuple[str, int]:
+    """A listing under `prefix` in a bucket store rooted at `store_prefix`: the bucket-wide
+    prefix to list, and how many characters of each listed name are the store's root."""
+    if prefix:
+        validate_key(prefix.rstrip("/") or "x")
+    full = (store_prefix + "/" if store_prefix else "") + prefix
+    return full, len(store_prefix) + 1 if store_prefix else 0
 
 
 def join_key(*parts: str) -> str:

@@ -26,7 +26,7 @@ import random
 import types
 from pathlib import Path
 from typing import Any, Iterator
-from urllib.parse import quote, urlparse
+from urllib.parse import quote
 
 import google_crc32c
 from google.api_core import exceptions as gexc
@@ -37,7 +37,8 @@ from google.resumable_media import common as media_common
 from google.resumable_media.requests import ResumableUpload
 
 from spotrun.errors import ChecksumMismatch, ConfigError, ObjectNotFound, StoreError
-from spotrun.store.base import ObjectInfo, ProgressFn, StoreFeature, join_key, validate_key
+from spotrun.store.base import (ObjectInfo, bucket_of, ProgressFn, StoreFeature, join_key, listing_prefix,
+                                validate_key)
 from spotrun.store.localfile import write_atomic
 
 def _own_boundary_rng() -> None:
@@ -96,10 +97,7 @@ class GcsStore:
     @classmethod
     def from_uri(cls, uri: str, **kw: Any) -> "GcsStore":
         """Open `gs://bucket[/prefix]`."""
-        parsed = urlparse(uri)
-        if parsed.scheme != "gs" or not parsed.netloc:
-            raise ConfigError("allowed: gs://bucket/prefix", field="store_uri", value=uri)
-        return cls(parsed.netloc, parsed.path, **kw)
+        return cls(*bucket_of(uri, "gs"), **kw)
 
     def sub(self, prefix: str) -> "GcsStore":
         """A view rooted at prefix (same client)."""
@@ -257,10 +255,7 @@ class GcsStore:
 
     def list(self, prefix: str = "") -> list[ObjectInfo]:
         """Objects under prefix, sorted, across every page of the listing."""
-        if prefix:
-            validate_key(prefix.rstrip("/") or "x")
-        full = (self.prefix + "/" if self.prefix else "") + prefix
-        root = len(self.prefix) + 1 if self.prefix else 0
+        full, root = listing_prefix(self.prefix, prefix)
         try:
             blobs = list(self.client.list_blobs(self.bucket_name, prefix=full,
                                                 page_size=self.page_size, retry=self.retry))

@@ -16,11 +16,11 @@ import os
 import threading
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlparse
 
 from spotrun.aws_clients import RetryPolicy, error_code, make_client, use_retries
 from spotrun.errors import ChecksumMismatch, ConfigError, ObjectNotFound, StoreError
-from spotrun.store.base import ObjectInfo, ProgressFn, StoreFeature, join_key, validate_key
+from spotrun.store.base import (ObjectInfo, bucket_of, ProgressFn, StoreFeature, join_key, listing_prefix,
+                                validate_key)
 from spotrun.store.localfile import write_atomic
 
 META_SHA = "sha256"
@@ -54,10 +54,7 @@ class S3Store:
     @classmethod
     def from_uri(cls, uri: str, **kw: Any) -> "S3Store":
         """Open `s3://bucket[/prefix]`."""
-        parsed = urlparse(uri)
-        if parsed.scheme != "s3" or not parsed.netloc:
-            raise ConfigError("allowed: s3://bucket/prefix", field="store_uri", value=uri)
-        return cls(parsed.netloc, parsed.path, **kw)
+        return cls(*bucket_of(uri, "s3"), **kw)
 
     # ------------------------------------------------------------ helpers
 
@@ -197,10 +194,7 @@ class S3Store:
 
     def list(self, prefix: str = "") -> list[ObjectInfo]:
         """Objects under prefix, sorted, across every page of ListObjectsV2."""
-        if prefix:
-            validate_key(prefix.rstrip("/") or "x")
-        full = (self.prefix + "/" if self.prefix else "") + prefix
-        root = len(self.prefix) + 1 if self.prefix else 0
+        full, root = listing_prefix(self.prefix, prefix)
         out = [ObjectInfo(key=o["Key"][root:], size=int(o["Size"]))
                for o in self._iter_objects(full)]
         out.sort(key=lambda o: o.key)

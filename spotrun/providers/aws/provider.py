@@ -167,10 +167,7 @@ class AwsProvider(Pricing, GroupActs):
 
     def launch(self, plan: LaunchPlan) -> InstanceInfo:
         """Try the calls in order; the first instance started wins."""
-        request = plan.request
-        if request.count != 1:
-            raise ConfigError("launch starts one instance; a group goes through launch_group",
-                              field="count", value=request.count)
+        request = plan.single()
         existing = self._by_token(request)
         if existing is not None:
             return existing

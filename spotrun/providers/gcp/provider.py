@@ -145,10 +145,7 @@ class GcpProvider(Pricing, GroupActs):
 
     def launch(self, plan: LaunchPlan) -> InstanceInfo:
         """Insert into the candidates in order; the first VM started wins."""
-        request = plan.request
-        if request.count != 1:
-            raise ConfigError("launch starts one instance; a group goes through launch_group",
-                              field="count", value=request.count)
+        request = plan.single()
         existing = self._by_token(request)
         if existing:
             return existing[0]

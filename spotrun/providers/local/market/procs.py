@@ -13,7 +13,7 @@ import subprocess
 from pathlib import Path
 
 from spotrun.errors import ProviderError
-from spotrun.pids import is_alive, start_ticks, stat_fields
+from spotrun.pids import is_alive, signal_pids, start_ticks, stat_fields
 
 INSTANCE_ENV = "SPOTRUN_INSTANCE_ID"
 
@@ -72,11 +72,4 @@ def instance_pids(instance_id: str, leader: int | None, leader_ticks: int | None
 def signal_instance(instance_id: str, leader: int | None, leader_ticks: int | None,
                     sig: signal.Signals) -> int:
     """Send sig to every process of the instance; returns how many were signalled."""
-    count = 0
-    for pid in instance_pids(instance_id, leader, leader_ticks):
-        try:
-            os.kill(pid, sig)
-            count += 1
-        except (ProcessLookupError, PermissionError):
-            pass
-    return count
+    return signal_pids(instance_pids(instance_id, leader, leader_ticks), sig)
