@@ -88,6 +88,7 @@ def hindsight(s: Session, job: Job, rows: JobRows | None = None) -> Hindsight | 
     # lazy: start-up cost (numpy; `status` reads this package)
     import numpy as np
 
+    # lazy: start-up cost (numpy), only for --regret
     from spotrun.simulate.optimal import optimal_costs
     model, row = built
     best = float(optimal_costs(model, np.asarray([row]))[0])

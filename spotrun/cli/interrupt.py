@@ -27,6 +27,7 @@ DEFAULT_NOTICE_S = 120.0   # for a provider that declares no notice window (prov
 
 def current_instances(engine: Any, job_ref: str) -> tuple[str, Attempt | None, dict[int, str]]:
     """(job id, its live attempt, node rank -> instance id) of what the job runs on now."""
+    # lazy: CLI start-up: daemon code only for this verb
     from spotrun.daemon.nodes import is_multi, members_of
     with session(engine) as s:
         job = find_job(s, job_ref)

@@ -24,6 +24,8 @@ from typing import Any, Callable
 from prometheus_client import CollectorRegistry, Histogram
 
 from spotrun.clock import Clock, SystemClock
+from spotrun.daemon.lease import live_holder
+from spotrun.db import Meta, session
 
 WINDOW_S = 60.0
 # Upper bounds (seconds) of the histogram's buckets; +Inf is implied.
@@ -170,7 +172,6 @@ def health_record(health: LoopHealth, owner: str | None) -> dict[str, Any]:
 
 def write_health(engine: Any, record: dict[str, Any]) -> None:
     """Upsert the health record in `meta` (one row; the daemon is its one writer)."""
-    from spotrun.db import Meta, session
     with session(engine) as s:
         row = s.get(Meta, HEALTH_KEY)
         if row is None:
@@ -182,7 +183,6 @@ def write_health(engine: Any, record: dict[str, Any]) -> None:
 
 def clear_health(engine: Any, owner: str | None) -> None:
     """Remove the record at a clean stop (only this daemon's own)."""
-    from spotrun.db import Meta, session
     with session(engine) as s:
         row = s.get(Meta, HEALTH_KEY)
         if row is not None and _parse(row.value).get("owner") == owner:
@@ -192,7 +192,6 @@ def clear_health(engine: Any, owner: str | None) -> None:
 
 def read_health(engine: Any) -> dict[str, Any] | None:
     """The last record a daemon wrote, or None."""
-    from spotrun.db import Meta, session
     with session(engine) as s:
         row = s.get(Meta, HEALTH_KEY)
         return _parse(row.value) if row is not None else None
@@ -203,7 +202,6 @@ def live_loop_health(engine: Any, now: datetime | None = None) -> dict[str, Any]
 
     A record left by a daemon that stopped or died is not today's health; `/metrics` reads this.
     """
-    from spotrun.daemon.lease import live_holder
     rec = read_health(engine)
     holder = live_holder(engine, now)
     if rec is None or holder is None or holder.owner != rec.get("owner"):

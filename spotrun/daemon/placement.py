@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, NamedTuple
 import numpy as np
 
 from spotrun.daemon.context import DaemonContext
+from spotrun.daemon.decision import placement_for
 from spotrun.db import Attempt, Job, add_event, attempts_of, session
 from spotrun.decide import Candidate
 from spotrun.decide.deadline import (DEFAULT_TICK_S, market_rows, policy_places, policy_step,
@@ -203,7 +204,6 @@ class PolicyPlacer:
                 attempts = attempts_of(s, job.id)
         live = [a for a in attempts if a.state in LIVE]
         current = live[-1] if live else None
-        from spotrun.daemon.decision import placement_for
         placed = placement_for(self.ctx, job, spec, inputs=inputs)
         ranked = placed.ranking.candidates
         itype = current.instance_type if current else (ranked[0].instance_type if ranked

@@ -33,6 +33,7 @@ def history(settings: Settings) -> HistorySource:
 
 def _engine(settings: Settings) -> Any:
     """The state database's engine, or None when there is none (reading never creates it)."""
+    # lazy: start-up cost: no database code for plan on a fresh home
     from spotrun.db import database_missing, make_engine
     if database_missing(settings):
         return None
@@ -52,6 +53,7 @@ def with_notices(settings: Settings, market: MarketSnapshot, engine: Any) -> Mar
 def live_market(settings: Settings, catalog: Catalog, zones: list[str] | None
                 ) -> tuple[MarketSnapshot, Any]:
     """The provider's market as the daemon reads it (nothing started, nothing written)."""
+    # lazy: start-up cost: a provider (and its SDK) only when a live market is read
     from spotrun.providers import make_provider
     provider = make_provider(settings)
     return peek_snapshot(provider, catalog.names(), zones), provider
@@ -79,6 +81,7 @@ def decide_for_cli(spec: JobSpec, settings: Settings, catalog: Catalog, market: 
         # The daemon's market: with the pools its recent notices close (not on catalog prices,
         # whose time is the wall's, not the provider's).
         market = with_notices(settings, market, engine)
+    # lazy: start-up cost (numpy, the priors), only when a risk is read
     from spotrun.costmodel.risk import risk_model
     placed = decide(spec, catalog=catalog, market=market, history=hist, hours_left=left,
                     time_scale=scale, risk=risk_model(catalog, hints=hints), notice=notice)

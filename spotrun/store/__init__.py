@@ -8,12 +8,12 @@ from urllib.parse import urlparse
 from spotrun.errors import ConfigError
 from spotrun.store.base import (ObjectInfo, ObjectStore, ProgressFn, StoreFeature, join_key,
                                 validate_key)
+from spotrun.store.file import FileStore
 
 StoreFactory = Callable[[str], ObjectStore]
 
 
 def _file(uri: str) -> ObjectStore:
-    from spotrun.store.file import FileStore
     return FileStore.from_uri(uri)
 
 

@@ -20,6 +20,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily, Metric
 
 from spotrun.audit.reclaims import PARTS, ResumeStats, quantile
+from spotrun.checkpoints import latest_verified
 from spotrun.states import JobState
 
 ACTIVE = {"queued", "starting", "running", "recovering", "cancelling"}
@@ -38,7 +39,6 @@ class _Scrape:
 
 def checkpoint_age_s(store: Any, now: datetime | None = None) -> float | None:
     """Wall seconds since the newest complete checkpoint in store was written (None: none)."""
-    from spotrun.checkpoints import latest_verified
     try:
         m = latest_verified(store, deep=False)
     except Exception:   # an unreachable store: no figure rather than a failed scrape

@@ -63,6 +63,7 @@ _TABLES: "weakref.WeakKeyDictionary[MarketHistory, OrderedDict]" = weakref.WeakK
 @lru_cache(maxsize=1)
 def packaged_mtbf_h() -> float:
     """Mean hours between reclaims over every family of the packaged priors (the fallback)."""
+    # lazy: start-up cost (numpy, the priors)
     from spotrun.costmodel.risk import packaged_trace_priors
     fams = (packaged_trace_priors().get("families") or {}).values()
     hours = sum(float(f["all"]["up_hours"]) for f in fams if "all" in f)

@@ -46,8 +46,8 @@ def _doctor(settings: Any) -> list[Any]:
 
 
 def _reconcile(settings: Any, s: Any, jobs: list[Any], now: Any) -> list[Any]:
-    from spotrun.aws_clients import RetryPolicy, make_client
-    from spotrun.providers.aws.cost_explorer import reconcile
+    from spotrun.aws_clients import RetryPolicy, make_client  # lazy: facts import no boto3
+    from spotrun.providers.aws.cost_explorer import reconcile  # lazy: facts import no boto3
     # Cost Explorer has one endpoint, in us-east-1, whatever region the instances ran in.
     ce = make_client("ce", region="us-east-1", endpoint_url=settings.aws.endpoint_url,
                      retry=RetryPolicy.from_settings(settings.aws))

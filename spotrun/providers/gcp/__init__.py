@@ -52,7 +52,7 @@ def _make(settings: Any, **kw: Any) -> Any:
 
 
 def _doctor(settings: Any) -> list[Any]:
-    from spotrun.providers.gcp.doctor import GcpDoctor
+    from spotrun.providers.gcp.doctor import GcpDoctor  # lazy: facts import no google SDK
     return GcpDoctor(settings).run()
 
 

@@ -13,6 +13,7 @@ from typing import Any, Callable
 
 from spotrun.catalog import load_catalog
 from spotrun.providers.checks import Check, Status, run_check
+from spotrun.providers.gcp import ZONES, zones_of
 from spotrun.providers.gcp.ops import Clients, error_code
 
 # Accelerator type -> the GPU name in its quota metrics.
@@ -48,7 +49,6 @@ class GcpDoctor:
 
     def check_settings(self) -> list[Check]:
         """project and image set; the zones in the region."""
-        from spotrun.providers.gcp import ZONES, zones_of
         missing = [k for k in ("project", "image") if not getattr(self.gcp, k)]
         if missing:
             return [Check("settings", Status.FIX, "set " + ", ".join(f"gcp.{k}" for k in missing)

@@ -26,7 +26,7 @@ from spotrun.errors import CapacityError, ConfigError, ProviderError
 from spotrun.providers.capacity import CapacityFailure, pools_cooling, record_capacity
 from spotrun.providers.base import (TAG_JOB, InstanceInfo, LaunchPlan, LaunchRequest,
                                     PricePoint)
-from spotrun.providers.gcp import GCP_FEATURES
+from spotrun.providers.gcp import GCP_FEATURES, zones_of
 from spotrun.providers.gcp.group import GroupActs
 from spotrun.providers.gcp.launch import (TOKEN_LABEL, LaunchConfig, build_calls,
                                          build_group_calls, label_key, label_value,
@@ -94,7 +94,6 @@ class GcpProvider(Pricing, GroupActs):
     def from_settings(cls, settings: Any, *, clients: Clients | None = None,
                       clock: Callable[[], datetime] | None = None, **_: Any) -> "GcpProvider":
         """Build from Settings (gcp.*); clients and clock may be injected."""
-        from spotrun.providers.gcp import zones_of
         gcp = settings.gcp
         return cls(clients=clients or Clients(gcp.endpoint_url),
                    launch=LaunchConfig.from_settings(gcp), zones=zones_of(settings),

@@ -29,7 +29,7 @@ def local_trace_path(settings: Any) -> Path:
     """The availability trace the local market replays (the packaged demo extract by default)."""
     if settings.local.trace:
         return Path(settings.local.trace)
-    from spotrun.providers.local.market.options import DEMO_TRACE
+    from spotrun.providers.local.market.options import DEMO_TRACE  # lazy: cheap facts
     return Path(str(resources.files("spotrun.data").joinpath("traces", DEMO_TRACE)))
 
 
@@ -49,18 +49,18 @@ def _agent_extras(settings: Any) -> dict[str, Any]:
     own rate (docs/local-provider.md): the agent times the job's deadline by it."""
     if settings.local.pacing != "rehearsal":
         return {}
-    from spotrun.providers.local.market.options import MarketOptions
+    from spotrun.providers.local.market.options import MarketOptions  # lazy: cheap facts
     return {"report_phases": True,
             "notice_time_scale": MarketOptions.from_settings(settings).notice_rate()}
 
 
 def _make(settings: Any, **kw: Any) -> Any:
-    from spotrun.providers.local.provider import LocalProvider
+    from spotrun.providers.local.provider import LocalProvider  # lazy: cheap facts
     return LocalProvider.from_settings(settings, **kw)
 
 
 def _truth(settings: Any) -> Any:
-    from spotrun.providers.local.truth import LocalMarketTruth
+    from spotrun.providers.local.truth import LocalMarketTruth  # lazy: cheap facts
     return LocalMarketTruth.from_settings(settings)
 
 
