@@ -9,6 +9,7 @@ import json
 import pytest
 
 from spotrun.agent.config import AgentConfig
+from spotrun.aws_clients import make_client
 from spotrun.config import load_settings
 from spotrun.errors import CapacityError, ConfigError, ProviderError
 from spotrun.providers import make_provider
@@ -211,8 +212,10 @@ def test_bad_subnet_setting_is_a_config_error(tmp_path):
 
 
 def test_launch_without_ami_is_a_config_error(tmp_path):
+    # No endpoint is ever called: planning is pure (the client points at a closed port).
     s = load_settings(str(tmp_path), {"provider": "aws"})
-    p = AwsProvider.from_settings(s, ec2=object())
+    ec2 = make_client("ec2", region="us-east-1", endpoint_url="http://127.0.0.1:9")
+    p = AwsProvider.from_settings(s, ec2=ec2)
     with pytest.raises(ConfigError) as ei:
         p.plan_launch(request())
     assert ei.value.field == "aws.ami_id"
