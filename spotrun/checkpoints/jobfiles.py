@@ -370,8 +370,7 @@ class JobFiles:
         The caller discards the capture afterwards (a retry sends it again).
         """
         todo = [p for p in capture.parts if p.entry["blob"] not in self.known_blobs]
-        total = sum(p.entry["size"] for p in todo)
-        done, last = 0, 0.0
+        sent = _Tally(sum(p.entry["size"] for p in todo), progress, "sent")
         for part in todo:
             key = blob_key(part.entry["blob"])
             if part.data is not None:
@@ -380,17 +379,11 @@ class JobFiles:
                 assert part.staged is not None, "capture discarded before its upload"
                 store.put_file(key, part.staged)
             self.known_blobs.add(part.entry["blob"])
-            done += part.entry["size"]
-            if progress is not None:
-                progress(done, total)
-            now = time.monotonic()
-            if total >= (64 << 20) and (now - last >= PROGRESS_EVERY_S or done == total):
-                last = now
-                log.info("persisted files: %d of %d bytes sent", done, total)
+            sent.add(part.entry["size"])
         body = capture.index()
         store.put_bytes(f"{name}/{INDEX}", body)
         log.info("persisted files: %d listed, %d bytes sent, %d skipped", len(capture.files),
-                 done, len(capture.skipped))
+                 sent.done, len(capture.skipped))
         return {"size": len(body), "sha256": _sha(body)}
 
     def published(self, capture: Capture) -> None:
@@ -449,8 +442,7 @@ def restore(store: ObjectStore, name: str, dest: Path, *,
     if index is None:
         return 0
     files = index["files"]
-    total = sum(int(e["size"]) for e in files.values())
-    done, last = 0, 0.0
+    restored = _Tally(sum(int(e["size"]) for e in files.values()), progress, "restored")
     dest = dest.resolve()
     manifests: dict[str, Any] = {}   # checkpoints whose own files parts reference, read once
     for rel, entry in sorted(files.items()):
@@ -459,13 +451,7 @@ def restore(store: ObjectStore, name: str, dest: Path, *,
             raise StoreError("persisted path leaves the job directory", field="checkpoint",
                              value=f"{name}/{rel}")
         _restore_one(store, name, rel, entry, target, manifests)
-        done += int(entry["size"])
-        if progress is not None:
-            progress(done, total)
-        now = time.monotonic()
-        if total >= (64 << 20) and (now - last >= PROGRESS_EVERY_S or done == total):
-            last = now
-            log.info("persisted files: %d of %d bytes restored", done, total)
+        restored.add(int(entry["size"]))
     _stamp_folders(dest, [dest / rel for rel in files])
     for skipped in index.get("skipped") or []:
         log.warning("not persisted at %s: %s (%s)", name, skipped.get("path"), skipped.get("reason"))
@@ -553,3 +539,22 @@ def persist(*paths: str | os.PathLike[str]) -> None:
     """Save these paths or globs (relative to the job directory) with every checkpoint."""
     default().add(*paths)
 
+
+class _Tally:
+    """Bytes moved so far: each step to `progress`, and a log line every PROGRESS_EVERY_S
+    for a transfer large enough to be watched (64 MiB and up)."""
+
+    def __init__(self, total: int, progress: Any, verb: str) -> None:
+        self.total, self.progress, self.verb = total, progress, verb
+        self.done, self._last_log = 0, 0.0
+
+    def add(self, n: int) -> None:
+        """Count n more bytes."""
+        self.done += n
+        if self.progress is not None:
+            self.progress(self.done, self.total)
+        now = time.monotonic()
+        if self.total >= (64 << 20) and (now - self._last_log >= PROGRESS_EVERY_S
+                                         or self.done == self.total):
+            self._last_log = now
+            log.info("persisted files: %d of %d bytes %s", self.done, self.total, self.verb)
