@@ -12,6 +12,8 @@ from spotrun.decide.policy.markov import MarkovTiersPolicy
 from spotrun.decide.policy.reserve import ReservePolicy
 from spotrun.decide.policy.spotrun import SpotrunPolicy
 
+from import_graph import circles_through
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -61,43 +63,8 @@ def test_each_policy_lives_in_the_module_of_its_name():
     assert {n: c.name for n, c in policy.POLICIES.items()} == {n: n for n in policy.POLICIES}
 
 
-def _module_of(path: Path) -> str:
-    rel = path.relative_to(ROOT).with_suffix("")
-    parts = rel.parts[:-1] if rel.name == "__init__" else rel.parts
-    return ".".join(parts)
-
-
 def test_no_import_circle_runs_through_decide():
     """Every import, lazy or not, between spotrun's modules: no circle holds a decide/ module
     (catalog.py's lazy import of providers/facts made one through decide/market.py)."""
-    files = {_module_of(p): p for p in (ROOT / "spotrun").rglob("*.py")}
-    graph: dict[str, set[str]] = {}
-    for mod, path in files.items():
-        targets = set()
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.Import):
-                names = [a.name for a in node.names]
-            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-                # `from a.b import c`: the module a.b.c if it is one, else a.b
-                names = [f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in files
-                         else node.module for a in node.names]
-            else:
-                continue
-            for name in names:
-                while name and name not in files:
-                    name = name.rpartition(".")[0]
-                if name and name != mod:
-                    targets.add(name)
-        graph[mod] = targets
-    # the modules each module reaches; a circle through m: m reaches a module that reaches m
-    reach: dict[str, set[str]] = {}
-    for start in graph:
-        seen, todo = set(), list(graph[start])
-        while todo:
-            m = todo.pop()
-            if m not in seen:
-                seen.add(m)
-                todo.extend(graph[m])
-        reach[start] = seen
-    circles = sorted(m for m in graph if m.startswith("spotrun.decide") and m in reach[m])
+    circles = circles_through("spotrun.decide")
     assert circles == [], circles

@@ -7,51 +7,14 @@ the lower modules now name what they need (sharded.ShardedState) instead of the 
 from __future__ import annotations
 
 import ast
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from import_graph import ROOT, circles_through
+
 TORCH = ROOT / "spotrun" / "torch"
 
 
-def _module_of(path: Path) -> str:
-    rel = path.relative_to(ROOT).with_suffix("")
-    parts = rel.parts[:-1] if rel.name == "__init__" else rel.parts
-    return ".".join(parts)
-
-
-def _imports(path: Path, files: dict[str, Path]) -> set[str]:
-    """spotrun modules the file imports: at the top, in functions, under TYPE_CHECKING alike."""
-    out = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.Import):
-            names = [a.name for a in node.names]
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            names = [f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in files
-                     else node.module for a in node.names]
-        else:
-            continue
-        for name in names:
-            while name and name not in files:
-                name = name.rpartition(".")[0]
-            if name:
-                out.add(name)
-    return out
-
-
 def test_no_import_circle_runs_through_spotrun_torch():
-    files = {_module_of(p): p for p in (ROOT / "spotrun").rglob("*.py")}
-    graph = {m: _imports(p, files) - {m} for m, p in files.items()}
-    circles = []
-    for start in (m for m in graph if m.startswith("spotrun.torch.")):
-        seen, todo = set(), list(graph[start])
-        while todo:
-            m = todo.pop()
-            if m not in seen:
-                seen.add(m)
-                todo.extend(graph[m])
-        if start in seen:
-            circles.append(start)
-    assert circles == []
+    assert circles_through("spotrun.torch.") == []
 
 
 def test_an_import_inside_a_function_says_why():
