@@ -39,7 +39,7 @@ import numpy as np
 from spotrun.errors import BadInputError
 from spotrun.decide.policy import OPTIMAL
 from spotrun.simulate.model import build_model, pick_starts
-from spotrun.simulate.runner import PolicyRuns, run_policies
+from spotrun.simulate.sweep import PolicyRuns, run_policies
 from spotrun.simulate.synthetic import regime_change_market
 from spotrun.traces import load_prices, load_trace
 

@@ -29,7 +29,7 @@ import numpy as np  # noqa: E402
 
 from spotrun.decide.policy import JobProgress, Mode, make_policy  # noqa: E402
 from spotrun.decide.policy import markov as mk                     # noqa: E402
-from spotrun.decide.policy.market import MarketHistory             # noqa: E402
+from spotrun.decide.policy.history import MarketHistory             # noqa: E402
 from spotrun.simulate.model import build_model                     # noqa: E402
 from spotrun.simulate.synthetic import regime_change_market        # noqa: E402
 

@@ -12,7 +12,9 @@ import fnmatch
 import os
 import posixpath
 import tarfile
+import tempfile
 from pathlib import Path
+from typing import Any, Callable
 
 from spotrun.errors import BadInputError
 
@@ -103,3 +105,20 @@ def extract_bundle(archive: str | Path, dest: str | Path) -> int:
         # The stdlib 'data' filter repeats the checks above as a second line of defence.
         tar.extractall(target, members=members, filter="data")
     return len(members)
+
+
+def upload_bundle(store: Any, workdir: str | Path, key: str,
+                  progress: Callable[[int, int], None] | None = None) -> None:
+    """Pack workdir and put it in the store under key (progress: bytes done, total)."""
+    with tempfile.TemporaryDirectory(prefix="spotrun-bundle-") as tmp:
+        tar = Path(tmp) / "bundle.tar.gz"
+        make_bundle(Path(workdir), tar)
+        store.put_file(key, tar, progress=progress)
+
+
+def drop_bundle(store: Any, key: str) -> None:
+    """Delete an uploaded bundle no job row refers to (best effort: read by no one anyway)."""
+    try:
+        store.delete(key)
+    except Exception:  # the caller's error is the one to report
+        pass

@@ -6,7 +6,6 @@ Only the daemon acts on clouds; these functions record requests.
 from __future__ import annotations
 
 import json
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -17,7 +16,7 @@ from sqlmodel import Session
 
 from spotrun import layout
 from spotrun.budgets.submit import os_user, refuse_unfit, submit_owner
-from spotrun.bundle import make_bundle
+from spotrun.bundle import drop_bundle, upload_bundle
 from spotrun.providers.facts import catalog_for
 from spotrun.config import Settings
 from spotrun.db import Attempt, Job, add_event, find_job, new_job_id, session, utcnow
@@ -103,11 +102,8 @@ def submit(sub: Submission, engine: Engine, progress: ProgressFn | None = None) 
     store = None
     if sub.spec.workdir:
         store = open_store(sub.store_uri)
-        with tempfile.TemporaryDirectory(prefix="spotrun-bundle-") as tmp:
-            tar = Path(tmp) / "bundle.tar.gz"
-            make_bundle(Path(sub.spec.workdir), tar)
-            bundle = layout.bundle_key(sub.job_id)
-            store.put_file(bundle, tar, progress=progress)
+        bundle = layout.bundle_key(sub.job_id)
+        upload_bundle(store, sub.spec.workdir, bundle, progress)
     job = Job(id=sub.job_id, name=sub.spec.name, state=JobState.QUEUED,
               spec_json=json.dumps(sub.spec.to_dict(), sort_keys=True),
               store_uri=sub.store_uri, checkpoint_uri=sub.checkpoint_uri, bundle_key=bundle,
@@ -120,16 +116,10 @@ def submit(sub: Submission, engine: Engine, progress: ProgressFn | None = None) 
             s.commit()
     except BaseException:
         if store is not None and bundle is not None:
-            _drop_bundle(store, bundle)
+            drop_bundle(store, bundle)
         raise
     return job
 
-
-def _drop_bundle(store: Any, key: str) -> None:
-    try:
-        store.delete(key)
-    except Exception:  # the row error is the one to report; a stray bundle is read by no one
-        pass
 
 
 def request_cancel(engine: Engine, ref: str) -> Job:

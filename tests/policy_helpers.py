@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from spotrun.decide.policy import JobProgress, Mode, make_policy
-from spotrun.decide.policy.market import MarketHistory
+from spotrun.decide.policy.history import MarketHistory
 from spotrun.decide.policy.replay import RunResult
 from spotrun.simulate.engine import run_policy
 from spotrun.simulate.model import SimModel

@@ -21,7 +21,7 @@ from spotrun.agent.imds import INSTANCE_ACTION, REBALANCE, ImdsClient, endpoint_
 from spotrun.agent.logship import LogShipper
 from spotrun.agent.notice import NoticeWatcher, notice_poll_interval_wall_s
 from spotrun.agent.progress_file import ProgressReader
-from spotrun.agent.runner import notice_outcome
+from spotrun.agent.attempt import notice_outcome
 from spotrun.agent.storeio import Reporter
 from spotrun.agent.userdata import config_from_user_data, embed_config
 from spotrun.errors import ConfigError, StoreError

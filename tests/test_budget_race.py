@@ -22,7 +22,7 @@ import pytest
 from sqlmodel import select
 
 from budget_helpers import COMMIT_USD, BudgetRig
-from spotrun.daemon.decision import placement_for
+from spotrun.daemon.live_decision import placement_for
 from spotrun.daemon.scheduler import SchedulerLoop
 from spotrun.decide import MAX_CANDIDATES
 from spotrun.db import Attempt, Job, session

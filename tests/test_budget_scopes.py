@@ -32,7 +32,7 @@ from spotrun.states import AttemptState, EndReason, JobState, Market
 from test_ledger_support import P3, ZONE, PriceFeed, make_attempt, make_job, new_db
 from test_migrations import V1_SQL
 
-MARGIN_S = 900.0
+REAL_TIME = 1.0   # a real-time provider: the stop margin is its 900 s minimum
 UTC = timezone.utc
 
 
@@ -114,9 +114,9 @@ def test_spent_counts_what_falls_in_the_period_and_commitments_count_once(tmp_pa
     budgets = _budgets(project={"ml": (10.0, "day")}, owner={"alice": (10.0, "week")})
     with session(eng) as s:
         rows = list(s.exec(select(SpendEntry).where(SpendEntry.job_id == "j1")))
-        st = {b.key: b for b in read_standing(s, budgets, _t(2, 1), MARGIN_S)}
+        st = {b.key: b for b in read_standing(s, budgets.configured(), _t(2, 1), REAL_TIME)}
         total = {b.key: b for b in read_standing(
-            s, _budgets(project={"ml": (10.0, "total")}), _t(2, 1), MARGIN_S)}
+            s, _budgets(project={"ml": (10.0, "total")}).configured(), _t(2, 1), REAL_TIME)}
     assert [(r.start, r.end) for r in rows if r.kind == "compute"] == [(_t(1, 23), _t(2, 1))]
     ml, alice = st["project:ml"], st["owner:alice"]
     assert ml.window.key == "2030-01-02" and alice.window.key == "2030-W01"
@@ -247,7 +247,7 @@ def test_alerts_once_per_budget_and_period(tmp_path):
 
     def queue(alerts: ScopeAlerts, at: datetime) -> None:
         with session(eng) as s:
-            standing = read_standing(s, budgets, at, MARGIN_S)
+            standing = read_standing(s, budgets.configured(), at, REAL_TIME)
         alerts.queue(standing)
 
     def rows() -> list[tuple[str, str]]:

@@ -28,7 +28,7 @@ from spotrun.config import load_settings
 from spotrun.daemon.app import build_context
 from spotrun.daemon.reconcile import ReconcileLoop
 from spotrun.daemon.scheduler import SchedulerLoop
-from spotrun.daemon.placement import clock_progress_s
+from spotrun.daemon.deadline_policy import clock_progress_s
 from spotrun.db import Attempt, Job, attempts_of, session
 from spotrun.decide.policy import Mode
 from spotrun.errors import ConfigError

@@ -27,7 +27,8 @@ from spotrun.bundle import make_bundle
 from spotrun.config import load_settings
 from spotrun.daemon.reconcile import budget_stop_request
 from spotrun.store import open_store
-from spotrun.daemon.app import build_context, build_runner
+from spotrun.agent.fence import fenced_key
+from spotrun.daemon.app import build_context, build_loops, build_runner
 from spotrun.db import Event, Job, SpendEntry, attempts_of, open_db, session
 from spotrun.providers.billing_rules import SpendKind
 from spotrun.providers.facts import rules_for
@@ -241,11 +242,34 @@ def test_two_instances_never_act_as_one_attempt_after_the_database_forgets_it(
             db.execute(f"DELETE FROM {table} WHERE job_id = ?", (job_id,))
         db.execute("UPDATE job SET state = 'QUEUED', last_step = 0 WHERE id = ?", (job_id,))
     db.close()
-    ctx, runner = daemon()
-    twin = wait_for(lambda: next((a for a in _attempts(ctx, job_id) if a.instance_id
-                                  and a.instance_id != first.instance_id), None), 60,
-                    "the daemon to launch attempt 1 again")
+    # The second daemon's loops are ticked by hand, so the worst order happens every time:
+    # the twin is fenced out and its instance gone, then the first instance (now an orphan)
+    # is reaped and leaves attempt 1's exit report, and only then is the twin's end read.
+    ctx, runner = daemon(autostart=False)
+    loops = {type(item.loop).__name__: item.loop for item in build_loops(ctx)}
+
+    def tick(*names: str) -> None:
+        for name in names:
+            loops[name].tick(ctx.clock.now())
+
+    def twin_attempt():
+        tick("SchedulerLoop", "ReconcileLoop")
+        return next((a for a in _attempts(ctx, job_id) if a.instance_id
+                     and a.instance_id != first.instance_id), None)
+
+    twin = wait_for(twin_attempt, 60, "the daemon to launch attempt 1 again")
     assert twin.number == 1
+    store = open_store(load_settings(str(home)).store_url)
+    wait_for(lambda: store.exists(fenced_key(job_id, 1, twin.instance_id)), 60,
+             "the twin to be fenced out")
+    wait_for(lambda: all(i.state.is_terminal() for i in ctx.provider.describe(
+        instance_ids=[twin.instance_id])), 60, "the twin instance to shut down")
+    wait_for(lambda: (tick("OrphanLoop"), store.exists(layout.exit_key(job_id, 1)))[1], 60,
+             "the first instance to be reaped and leave attempt 1's exit report")
+    tick("ReconcileLoop")
+    ended_twin = next(a for a in _attempts(ctx, job_id) if a.id == twin.id)
+    assert f"fenced out: attempt 1 already runs on {first.instance_id}" in ended_twin.detail
+    runner.start()
     job = wait_for(lambda: (j := _job(ctx, job_id)).state.is_terminal() and j, 120,
                    "the job to finish")
     runs = sorted(p.name for p in marks.iterdir())
@@ -254,8 +278,6 @@ def test_two_instances_never_act_as_one_attempt_after_the_database_forgets_it(
     assert job.state is JobState.SUCCEEDED, job.reason
     fenced = list((home / "store" / layout.attempt_prefix(job_id, 1)).glob("fenced-*.json"))
     assert [json.loads(p.read_text())["holder"] for p in fenced] == [first.instance_id]
-    ended_twin = next(a for a in _attempts(ctx, job_id) if a.id == twin.id)
-    assert f"fenced out: attempt 1 already runs on {first.instance_id}" in ended_twin.detail
 
 
 # ------------------------------------------------------------------ 9. failed checkpoint saves

@@ -21,7 +21,7 @@ from spotrun.config import load_settings
 from spotrun.daemon.app import build_context
 from spotrun.daemon.dbturns import TurnLock, turn_lock
 from spotrun.daemon.heartbeats import HeartbeatLoop, LivenessLoop
-from spotrun.daemon.prices import PriceLoop
+from spotrun.daemon.price_loop import PriceLoop
 from spotrun.daemon.reconcile import ReconcileLoop
 from spotrun.daemon.runner import Runner, Scheduled
 from spotrun.daemon.scheduler import SchedulerLoop

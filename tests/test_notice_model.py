@@ -17,7 +17,7 @@ from spotrun.config import load_settings
 from spotrun.costmodel import (GENERIC_NOTICE, DbHistory, JobStats, NoHistory, NoticePrior,
                                ReclaimRecord, StaticHistory, notice_prior_of, reclaim_loss,
                                usable_notice_chance)
-from spotrun.costmodel.notice import PRIOR_RECLAIMS, notice_was_used
+from spotrun.costmodel.notice_loss import PRIOR_RECLAIMS, notice_was_used
 from spotrun.db import Attempt, Job, open_db, session
 from spotrun.decide import catalog_snapshot, decide
 from spotrun.providers.aws import FACTS as AWS_FACTS

@@ -24,7 +24,7 @@ from spotrun.decide.policy.base import policy_step
 from spotrun.providers.local import FACTS as LOCAL_FACTS
 from spotrun.simulate.engine import run_policy
 from spotrun.simulate.model import SimModel
-from spotrun.simulate.runner import run_policies
+from spotrun.simulate.sweep import run_policies
 
 TICK_S = 60.0
 ROWS = 40

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from spotrun.decide.policy import JobProgress, Mode, make_policy
-from spotrun.decide.policy.market import MarketHistory
+from spotrun.decide.policy.history import MarketHistory
 
 
 def history(cols: list[str], prices: list[float] | None = None) -> MarketHistory:

@@ -10,7 +10,7 @@ from spotrun.decide.policy import markov as mk
 from spotrun.decide.policy import markov_dp as dp
 from spotrun.decide.policy import markov_refit as refit
 from spotrun.decide.policy.base import ON_DEMAND
-from spotrun.decide.policy.market import MarketHistory, run_ages
+from spotrun.decide.policy.history import MarketHistory, run_ages
 from spotrun.simulate.engine import run_policy
 from spotrun.simulate.model import SimModel, build_model, pick_starts
 from spotrun.simulate.synthetic import regime_change_market

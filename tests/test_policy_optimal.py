@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from spotrun.decide.policy import IDLE, ON_DEMAND, Decision, Mode
-from spotrun.decide.policy.market import MarketHistory
+from spotrun.decide.policy.history import MarketHistory
 from spotrun.simulate.optimal import optimal_costs, optimal_schedule
 from spotrun.simulate.engine import ScheduledPolicy, run_policy
 from spotrun.simulate.model import SimModel

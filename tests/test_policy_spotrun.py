@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from spotrun.decide.policy import JobProgress, make_policy
-from spotrun.decide.policy.market import MarketHistory
+from spotrun.decide.policy.history import MarketHistory
 from spotrun.decide.policy import spotrun as sel
 from spotrun.decide.policy.rules import OnDemandPolicy
 from spotrun.decide.policy.spotrun import (CANDIDATES, PLAN, RULES, SpotrunPolicy,

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from sqlmodel import select
 
-from spotrun.daemon.prices import PriceLoop
+from spotrun.daemon.price_loop import PriceLoop
 from spotrun.db import Attempt, Job, PricePoint, open_db, session, utcnow
 from spotrun.providers.local.market.clock import ManualClock
 from spotrun.providers.local.provider import LocalProvider

@@ -35,7 +35,7 @@ from sqlmodel import select
 
 from spotrun.config import load_settings
 from spotrun.costmodel import DbHistory
-from spotrun.daemon import decision
+from spotrun.daemon import live_decision as decision
 from spotrun.daemon.app import build_context
 from spotrun.daemon.scheduler import SchedulerLoop
 from spotrun.daemon.spend import SpendLoop

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from spotrun.decide.policy import IDLE, ON_DEMAND, POLICIES, Decision, Mode, make_policy
-from spotrun.decide.policy.market import MarketHistory
+from spotrun.decide.policy.history import MarketHistory
 from spotrun.simulate.optimal import optimal_costs
 from spotrun.simulate.engine import ScheduledPolicy, run_policy
 from spotrun.simulate.model import SimModel

@@ -38,7 +38,7 @@ log = structlog.get_logger("spotrun.agent")
 
 
 class MultiNode:
-    """Mixed into Agent (agent/runner.py); every method is a no-op or the single-node path when
+    """Mixed into Agent (agent/attempt.py); every method is a no-op or the single-node path when
     not multi. The host holds the attempt's state declared here and gives heartbeat(phase),
     begin_stop(reason), _poll_control() and _signal_child(sig)."""
 

@@ -30,7 +30,7 @@ from spotrun.providers.base import MarketTruth
 from spotrun.db import Attempt, Event, Job, JobRows, PricePoint, attempts_of
 from spotrun.providers.base import pools_from_json
 from spotrun.states import EndReason, JobState, Market
-from spotrun.decide.policy.market import MarketHistory
+from spotrun.decide.policy.history import MarketHistory
 from spotrun.simulate.model import SimModel
 
 TICK_S = 60.0

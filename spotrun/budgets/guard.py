@@ -90,7 +90,7 @@ class ScopeGuard:
         if pnow is None:
             return   # the launches check for themselves (check_in), and wait
         with session(self.ctx.engine) as s:
-            standing = read_standing(s, self.budgets, pnow, self.margin_s)
+            standing = read_standing(s, self.budgets.configured(), pnow, self.ctx.time_scale)
         self.standing = {st.key: st for st in standing}
         for st in standing:
             if st.over and st.unflagged:
@@ -179,7 +179,7 @@ class ScopeGuard:
                     f"cannot be read); the launch waits")
         lock_scopes(s, [scope_key(sc, n) for sc, n, _ in mine])
         need = self.need_usd(price_usd_per_hour, nodes)
-        for st in read_standing(s, self.budgets, pnow, self.margin_s, only=mine):
+        for st in read_standing(s, mine, pnow, self.ctx.time_scale):
             if not st.fits(need):
                 return st.wait_reason(need)
         return None

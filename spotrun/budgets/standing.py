@@ -24,10 +24,10 @@ from typing import Any, Iterable
 from sqlalchemy import func, or_
 from sqlmodel import select
 
-from spotrun.config import BudgetsSettings, ScopeBudget, scope_key
+from spotrun.config import ScopeBudget, scope_key
 from spotrun.budgets.periods import Window, window
 from spotrun.db import Attempt, Job, SpendEntry
-from spotrun.ledger.committed import committed_by_attempt
+from spotrun.ledger.committed import committed_by_attempt, stop_margin_s
 from spotrun.states import AttemptState
 
 Pair = tuple[str, str]     # (project, owner)
@@ -146,17 +146,17 @@ def live_by_pair(s: Any, scoped: Any, now: datetime, margin_s: float
     return committed, jobs
 
 
-def read_standing(s: Any, budgets: BudgetsSettings, now: datetime, margin_s: float, *,
-                  only: Iterable[tuple[str, str, ScopeBudget]] | None = None
-                  ) -> list[ScopeStanding]:
-    """Every budget's standing at provider time `now` (only: just these budgets)."""
-    chosen = list(budgets.configured() if only is None else only)
+def read_standing(s: Any, chosen: Iterable[tuple[str, str, ScopeBudget]], now: datetime,
+                  time_scale: float) -> list[ScopeStanding]:
+    """The standing of the chosen budgets (`BudgetsSettings.configured()`, or some of them)
+    at provider time `now`; committed spend leaves the stop margin of this time scale."""
+    chosen = list(chosen)
     if not chosen:
         return []
     scoped = _scoped(chosen)
+    committed, live = live_by_pair(s, scoped, now, stop_margin_s(time_scale))
     windows = {b.period: window(b.period, now) for _, _, b in chosen}
     spent = {p: spend_by_pair(s, w, scoped) for p, w in windows.items()}
-    committed, live = live_by_pair(s, scoped, now, margin_s)
     out = []
     for scope, name, b in chosen:
         st = ScopeStanding(scope, name, b.usd, windows[b.period])

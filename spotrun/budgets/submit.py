@@ -9,7 +9,6 @@ from spotrun.config import OWNER_RE, OWNER_RULE, UNKNOWN_OWNER
 from spotrun.errors import BadInputError
 from spotrun.budgets.standing import EPSILON_USD, read_standing, usd
 from spotrun.db import session
-from spotrun.ledger.committed import stop_margin_s
 from spotrun.providers.timescale import provider_now, time_scale
 
 
@@ -45,8 +44,7 @@ def refuse_unfit(settings: Any, engine: Any, project: str, owner: str,
     if cap_usd is None or not budgets:
         return
     with session(engine) as s:
-        standing = read_standing(s, settings.budgets, provider_now(settings),
-                                 stop_margin_s(time_scale(settings)), only=budgets)
+        standing = read_standing(s, budgets, provider_now(settings), time_scale(settings))
     for st in standing:
         if cap_usd > st.left_usd + EPSILON_USD:
             raise BadInputError(

@@ -9,7 +9,7 @@ import click
 
 from spotrun.errors import ConfigError
 from spotrun.agent.imds import DEFAULT_ENDPOINT, USER_DATA, ImdsClient, endpoint_for
-from spotrun.agent.runner import Agent
+from spotrun.agent.attempt import Agent
 from spotrun.agent.userdata import config_from_user_data
 from spotrun.logsetup import configure_logging as setup
 

@@ -15,7 +15,7 @@ from spotrun.errors import BadInputError
 from spotrun.decide.policy import ALL_POLICY_NAMES, POLICIES, Mode
 from spotrun.providers.facts import facts_for
 from spotrun.simulate.model import SimModel, build_model, pick_starts
-from spotrun.simulate.runner import SimResult, run_policies
+from spotrun.simulate.sweep import SimResult, run_policies
 from spotrun.traces import load_prices, load_trace
 
 # Every name --policy takes: the default list first, then the candidates run by name only.

@@ -8,9 +8,9 @@ from spotrun.costmodel.history import (DbHistory, HistorySource, JobStats, NoHis
                                        StaticHistory)
 from spotrun.costmodel.model import (expected, progress_fraction, recommended_interval_s,
                                      young_daly_interval_s)
-from spotrun.costmodel.notice import (GENERIC_NOTICE, NoticePrior, ReclaimRecord, notice_prior_of,
+from spotrun.costmodel.notice_loss import (GENERIC_NOTICE, NoticePrior, ReclaimRecord, notice_prior_of,
                                       reclaim_loss, usable_notice_chance)
-from spotrun.costmodel.prices import CatalogPrices, PriceSource
+from spotrun.costmodel.price_source import CatalogPrices, PriceSource
 from spotrun.costmodel.priors import Priors, ZonePrior, priors_from_catalog, zone_priors_from_trace
 from spotrun.costmodel.speed import ScalingCurve, default_scaling
 

@@ -14,7 +14,7 @@ from typing import Protocol, runtime_checkable
 from sqlalchemy.engine import Engine
 from sqlmodel import select
 
-from spotrun.costmodel.notice import ReclaimRecord
+from spotrun.costmodel.notice_loss import ReclaimRecord
 from spotrun.db import Attempt, Job, session
 from spotrun.states import EndReason, Market
 

@@ -34,7 +34,7 @@ def progress_fraction(*, mtbf_h: float | None, restart_s: float, checkpoint_cost
 
     A renewal cycle is an up stretch of mean M = mtbf_h, then a restart of R = restart_s.
     While up, a save blocking C every interval tau keeps tau / (tau + C) of the time. A reclaim
-    loses L = lost_per_reclaim_s of work (spotrun.costmodel.notice.reclaim_loss: little when
+    loses L = lost_per_reclaim_s of work (spotrun.costmodel.notice_loss.reclaim_loss: little when
     the notice is honoured, about half an interval when not).
     So f = tau/(tau+C) * (M - L) / (M + R).
     """

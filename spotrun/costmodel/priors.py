@@ -28,7 +28,7 @@ class ZonePrior:
 class Priors:
     """Every prior the cost model uses, read from the catalog (see aws.yaml for sources).
 
-    The notice's prior is the provider's (ProviderFacts.notice_prior, costmodel/notice.py).
+    The notice's prior is the provider's (ProviderFacts.notice_prior, costmodel/notice_loss.py).
     """
 
     zones: dict[str, ZonePrior] = field(default_factory=dict)

@@ -16,7 +16,7 @@ from spotrun.daemon.notify import NotifyLoop
 from spotrun.daemon.orphans import OrphanLoop
 from spotrun.daemon.reconcile import ReconcileLoop
 from spotrun.daemon.runner import Runner, Scheduled
-from spotrun.daemon.prices import PriceLoop
+from spotrun.daemon.price_loop import PriceLoop
 from spotrun.daemon.spend import SpendLoop
 from spotrun.daemon.scheduler import SchedulerLoop
 from spotrun.db import open_settings_db

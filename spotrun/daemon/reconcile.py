@@ -99,15 +99,17 @@ class ReconcileLoop:
     def _ended(self, att: Attempt, info: InstanceInfo, now: datetime) -> None:
         with session(self.ctx.engine) as s:
             job = s.get(Job, att.job_id)
+        # A fenced-out instance never ran the attempt: the attempt's exit report, if any, is
+        # the holder's (reaped or finished), not this instance's end.
+        fenced = self._fenced_note(job, att)
         try:
-            report = self._exit_report(job, att)
+            report = None if fenced is not None else self._exit_report(job, att)
         except StoreError as exc:
             # Unknown is not "no report": deciding now could re-run a finished job.
             self.ctx.log.warning("exit_report_unreadable", job=job.id, attempt=att.number,
                                  error=str(exc)[:200])
             return
         reason, detail = end_reason_of(report, info, att, job.cancel_requested)
-        fenced = self._fenced_note(job, att) if report is None else None
         if fenced is not None:
             detail = (f"fenced out: attempt {att.number} already runs on "
                       f"{fenced.get('holder') or 'another instance'}")

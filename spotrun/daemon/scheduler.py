@@ -22,10 +22,10 @@ from sqlmodel import select
 from spotrun.agent.contract import AttemptPlan, launch_request, spec_is_multi
 from spotrun.budgets.guard import ScopeGuard
 from spotrun.daemon.context import DaemonContext
-from spotrun.daemon.decision import Decisions, PassInputs, RiskModels, placement_for
+from spotrun.daemon.live_decision import Decisions, PassInputs, RiskModels, placement_for
 from spotrun.daemon.nodes import (add_group_intents, group_pending, is_multi, launch_group,
                                   terminate_nodes)
-from spotrun.daemon.placement import PolicyPlacer, same_pool
+from spotrun.daemon.deadline_policy import PolicyPlacer, same_pool
 from spotrun.decide import MAX_CANDIDATES, Candidate
 from spotrun.decide.deadline import deadline_on_provider_clock
 from spotrun.decide.waitkind import reason_kind
@@ -73,7 +73,7 @@ class SchedulerLoop:
 
     def tick(self, now: datetime) -> None:
         """One scheduling pass: every job and its attempts in two reads, the market read
-        once, and a decision only for a job whose inputs changed (daemon/decision.py)."""
+        once, and a decision only for a job whose inputs changed (daemon/live_decision.py)."""
         self._finish_pending_launches()
         self.scopes.pass_start(now)   # one read of every budget, when [budgets] names any
         started = self.ctx.clock.monotonic() if self.pass_budget_s is not None else 0.0

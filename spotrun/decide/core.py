@@ -18,7 +18,7 @@ from typing import Any
 
 from spotrun.catalog import Catalog
 from spotrun.costmodel.history import HistorySource
-from spotrun.costmodel.notice import NoticePrior
+from spotrun.costmodel.notice_loss import NoticePrior
 from spotrun.decide.market import MarketSnapshot
 from spotrun.decide.rank import NO_PROGRESS, NOW, Candidate, Ranking, rank
 from spotrun.spec import JobSpec

@@ -14,7 +14,7 @@ from typing import Any
 from spotrun.catalog import Catalog
 from spotrun.config import Settings
 from spotrun.costmodel.history import DbHistory, HistorySource, NoHistory
-from spotrun.costmodel.notice import notice_prior_of
+from spotrun.costmodel.notice_loss import notice_prior_of
 from spotrun.decide import (Placement, catalog_snapshot, decide, hours_left,
                             refusal)
 from spotrun.decide.deadline import DEFAULT_TICK_S, first_decision, policy_places

@@ -15,7 +15,7 @@ from datetime import datetime
 from typing import Any, Callable, Iterable
 
 from spotrun.catalog import Catalog
-from spotrun.costmodel.prices import CatalogPrices, safe_price
+from spotrun.costmodel.price_source import CatalogPrices, safe_price
 from spotrun.decide.quarantine import NO_QUARANTINE, PoolNotice, Quarantine
 from spotrun.providers.base import PoolView, ProviderFeature, RestingMarket
 

@@ -16,7 +16,7 @@ from spotrun.catalog import Catalog, InstanceType
 from spotrun.costmodel.history import HistorySource, JobStats, PoolStats
 from spotrun.costmodel.memory import checkpoint_gb, memory_reason
 from spotrun.costmodel.model import expected, progress_fraction, recommended_interval_s
-from spotrun.costmodel.notice import (DEFAULT_STEP_S, GENERIC_NOTICE, NoticePrior, reclaim_loss,
+from spotrun.costmodel.notice_loss import (DEFAULT_STEP_S, GENERIC_NOTICE, NoticePrior, reclaim_loss,
                                       usable_notice_chance)
 from spotrun.costmodel.priors import Priors, priors_from_catalog
 from spotrun.costmodel.speed import ScalingCurve, default_scaling, instance_speed

@@ -14,7 +14,6 @@ import json
 import logging
 import os
 import signal
-import tempfile
 import threading
 import time
 from datetime import datetime, timezone
@@ -27,6 +26,7 @@ from spotrun.checkpoints import (MANIFEST, Manifest, apply_retention, checkpoint
 from spotrun.errors import ChecksumMismatch, ObjectNotFound, StoreError
 from spotrun.store import open_store
 from spotrun.store.base import ObjectStore
+from spotrun.store.localfile import write_atomic
 
 log = logging.getLogger("spotrun.integrations")
 
@@ -256,11 +256,7 @@ class Progress:
         if self.path is None:
             return
         body = dict(self.fields, ts=datetime.now(timezone.utc).isoformat())
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=".progress-", dir=self.path.parent)
-        with os.fdopen(fd, "w") as f:
-            json.dump(body, f)
-        os.replace(tmp, self.path)
+        write_atomic(self.path, [json.dumps(body).encode()], durable=False)
 
 
 __all__ = ["MANIFEST", "Notice", "Progress", "download", "env_interval_s", "env_keep",

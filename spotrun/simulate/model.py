@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from spotrun.errors import BadInputError
-from spotrun.decide.policy.market import MarketHistory
+from spotrun.decide.policy.history import MarketHistory
 from spotrun.traces import PriceBook, Trace
 
 # Guards ceil/floor against float noise such as 886.0000000001 ticks.

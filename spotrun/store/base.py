@@ -8,10 +8,11 @@ read the declaration, never the store's class.
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
-from typing import Callable, Protocol, runtime_checkable
+from typing import Callable, Iterator, Protocol, runtime_checkable
 from urllib.parse import urlparse
 
 from spotrun.errors import ConfigError, StoreError
@@ -109,3 +110,16 @@ def listing_prefix(store_prefix: str, prefix: str) -> tuple[str, int]:
 def join_key(*parts: str) -> str:
     """Join key parts with '/', skipping empty ones."""
     return "/".join(p.strip("/") for p in parts if p and p.strip("/"))
+
+
+@contextmanager
+def local_errors_pass(key: str, wrap: Callable[[BaseException, str], StoreError]
+                      ) -> Iterator[None]:
+    """Let a local file's OSError and a StoreError through; any other error (the cloud
+    library's) becomes wrap(exc, key), so callers catch one kind."""
+    try:
+        yield
+    except (OSError, StoreError):
+        raise
+    except Exception as exc:
+        raise wrap(exc, key) from None

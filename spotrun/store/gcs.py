@@ -37,8 +37,8 @@ from google.resumable_media import common as media_common
 from google.resumable_media.requests import ResumableUpload
 
 from spotrun.errors import ChecksumMismatch, ConfigError, ObjectNotFound, StoreError
-from spotrun.store.base import (ObjectInfo, bucket_of, ProgressFn, StoreFeature, join_key, listing_prefix,
-                                validate_key)
+from spotrun.store.base import (ObjectInfo, ProgressFn, StoreFeature, bucket_of, join_key,
+                                listing_prefix, local_errors_pass, validate_key)
 from spotrun.store.localfile import write_atomic
 
 def _own_boundary_rng() -> None:
@@ -137,14 +137,8 @@ class GcsStore:
 
     def put_file(self, key: str, path: str | Path, progress: ProgressFn | None = None) -> str:
         """Upload path (resumable, in chunks, when large); returns its SHA256 hex digest."""
-        full = self._key(key)
-        src = Path(path)
-        try:
-            return self._put_file(key, full, src, progress)
-        except (OSError, StoreError):
-            raise
-        except Exception as exc:
-            raise _wrap(exc, key) from None
+        with local_errors_pass(key, _wrap):
+            return self._put_file(key, self._key(key), Path(path), progress)
 
     def _put_file(self, key: str, full: str, src: Path, progress: ProgressFn | None) -> str:
         before = src.stat()

@@ -18,8 +18,13 @@ TMP_PREFIX = ".tmp-"
 
 
 def write_atomic(dest: Path, chunks: Iterable[bytes], progress: ProgressFn | None = None,
-                 total: int = 0, check: Callable[[str], None] | None = None) -> str:
-    """Stream chunks into dest; `check(sha256)` may raise to abort before the rename."""
+                 total: int = 0, check: Callable[[str], None] | None = None, *,
+                 durable: bool = True) -> str:
+    """Stream chunks into dest; `check(sha256)` may raise to abort before the rename.
+
+    `durable=False` skips the fsyncs: for a file a crash may lose (a progress file, rewritten
+    every step, whose lost update only makes the next heartbeat stale).
+    """
     dest.parent.mkdir(parents=True, exist_ok=True)
     digest = hashlib.sha256()
     fd, tmp = tempfile.mkstemp(prefix=TMP_PREFIX, dir=dest.parent)
@@ -32,12 +37,14 @@ def write_atomic(dest: Path, chunks: Iterable[bytes], progress: ProgressFn | Non
                 done += len(chunk)
                 if progress:
                     progress(done, total)
-            f.flush()
-            os.fsync(f.fileno())
+            if durable:
+                f.flush()
+                os.fsync(f.fileno())
         if check is not None:
             check(digest.hexdigest())
         os.replace(tmp, dest)
-        fsync_dir(dest.parent)
+        if durable:
+            fsync_dir(dest.parent)
     except BaseException:
         try:
             os.unlink(tmp)

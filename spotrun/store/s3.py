@@ -19,8 +19,8 @@ from typing import Any
 
 from spotrun.aws_clients import RetryPolicy, error_code, make_client, use_retries
 from spotrun.errors import ChecksumMismatch, ConfigError, ObjectNotFound, StoreError
-from spotrun.store.base import (ObjectInfo, bucket_of, ProgressFn, StoreFeature, join_key, listing_prefix,
-                                validate_key)
+from spotrun.store.base import (ObjectInfo, ProgressFn, StoreFeature, bucket_of, join_key,
+                                listing_prefix, local_errors_pass, validate_key)
 from spotrun.store.localfile import write_atomic
 
 META_SHA = "sha256"
@@ -98,13 +98,8 @@ class S3Store:
 
     def put_file(self, key: str, path: str | Path, progress: ProgressFn | None = None) -> str:
         """Upload path (in parts when large); returns its SHA256 hex digest."""
-        full = self._key(key)
-        try:
-            return self._put_file(key, full, Path(path), progress)
-        except (OSError, StoreError):
-            raise
-        except Exception as exc:
-            raise _wrap(exc, key) from None
+        with local_errors_pass(key, _wrap):
+            return self._put_file(key, self._key(key), Path(path), progress)
 
     def _put_file(self, key: str, full: str, src: Path, progress: ProgressFn | None) -> str:
         from boto3.s3.transfer import TransferConfig

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
+
+from spotrun.store.localfile import write_atomic
 
 
 class ProgressFile:
@@ -21,16 +22,4 @@ class ProgressFile:
         if self.path is None:
             return
         body = dict(fields, ts=datetime.now(timezone.utc).isoformat())
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=".progress-", dir=self.path.parent)
-        try:
-            with os.fdopen(fd, "w") as f:
-                json.dump(body, f)
-            # No fsync: a lost update after a crash only makes the next heartbeat stale.
-            os.replace(tmp, self.path)
-        except BaseException:
-            try:
-                os.unlink(tmp)
-            except FileNotFoundError:
-                pass
-            raise
+        write_atomic(self.path, [json.dumps(body).encode()], durable=False)

@@ -29,7 +29,6 @@ from spotrun.providers.timescale import WallToProvider, clock_info, provider_now
 from spotrun.budgets.standing import read_standing
 from spotrun.config import scope_key
 from spotrun.daemon.lease import live_holder, no_daemon_reason
-from spotrun.ledger.committed import stop_margin_s
 from spotrun.store import open_store
 from spotrun.audit import audit_jobs
 from spotrun.audit.plot import cumulative_curve
@@ -290,8 +289,8 @@ def budgets_view(settings: Any, *, engine: Any = None, now: datetime | None = No
         return []
     engine = engine or open_settings_db(settings)
     with session(engine) as s:
-        standing = read_standing(s, settings.budgets, now or provider_now(settings),
-                                 stop_margin_s(time_scale(settings)))
+        standing = read_standing(s, settings.budgets.configured(),
+                                 now or provider_now(settings), time_scale(settings))
         waiting = Counter(_scope_hits(settings, s.exec(
             select(Job.project, Job.owner).where(Job.state.in_(WAITS_FOR_DAEMON)))))
         stopped = Counter(mark.partition("@")[0] for mark in s.exec(

@@ -19,7 +19,7 @@ from click.testing import CliRunner
 from sqlmodel import select
 
 from spotrun.cli import cli
-from spotrun.daemon.prices import PriceLoop
+from spotrun.daemon.price_loop import PriceLoop
 from spotrun.db import Attempt, Job, PricePoint, SpendEntry, open_db, session
 from spotrun.states import AttemptState, EndReason, JobState, Market
 

@@ -13,7 +13,7 @@ from typing import Callable
 
 from spotrun.decide.policy.base import (IDLE, ON_DEMAND, Decision, JobProgress, Mode, Policy,
                                         SafePolicy, policy_step, safety_net)
-from spotrun.decide.policy.market import MarketHistory, MarketView
+from spotrun.decide.policy.history import MarketHistory, MarketView
 from spotrun.decide.policy.markov import MarkovTiersPolicy
 from spotrun.decide.policy.reserve import ReservePolicy
 from spotrun.decide.policy.rules import GreedyPolicy, OnDemandPolicy, UniformProgressPolicy

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any, Iterable, NamedTuple, Protocol
 
-from spotrun.decide.policy.market import ClosedView, MarketView
+from spotrun.decide.policy.history import ClosedView, MarketView
 from spotrun.errors import SpotrunError
 
 # Float slack when comparing seconds that are sums of whole ticks.

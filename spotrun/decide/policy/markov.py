@@ -42,7 +42,7 @@ import numpy as np
 from spotrun.decide.policy import markov_dp as dp
 from spotrun.decide.policy.base import (IDLE, ON_DEMAND, Decision, JobProgress, Mode,
                                         SafePolicy, job_shape)
-from spotrun.decide.policy.market import MarketHistory, MarketView
+from spotrun.decide.policy.history import MarketHistory, MarketView
 from spotrun.decide.policy.markov_refit import (base_row, change_point, first_surprise,
                                                 market_states, next_refit, price_tiers)
 

@@ -20,7 +20,7 @@ import weakref
 
 import numpy as np
 
-from spotrun.decide.policy.market import MarketHistory, run_ages
+from spotrun.decide.policy.history import MarketHistory, run_ages
 
 # Pools within TIER_GAP of a tier's cheapest price share it.
 TIER_GAP = 0.05

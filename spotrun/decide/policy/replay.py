@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from spotrun.decide.policy.base import IDLE, Decision, JobProgress, Mode, Policy, policy_step
-from spotrun.decide.policy.market import MarketHistory
+from spotrun.decide.policy.history import MarketHistory
 
 
 @dataclass

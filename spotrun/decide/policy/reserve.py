@@ -43,7 +43,7 @@ from typing import Iterable
 import numpy as np
 
 from spotrun.decide.policy.base import Decision, IDLE, JobProgress, Mode, ON_DEMAND, SafePolicy
-from spotrun.decide.policy.market import MarketView
+from spotrun.decide.policy.history import MarketView
 
 # A move between spot pools pays one changeover in money and one in slack.
 MOVE_CHANGEOVERS = 2.0

@@ -7,7 +7,7 @@ pool available now, and it stays on a spot pool until that pool reclaims it.
 from __future__ import annotations
 
 from spotrun.decide.policy.base import Decision, IDLE, JobProgress, Mode, ON_DEMAND, SafePolicy
-from spotrun.decide.policy.market import MarketView
+from spotrun.decide.policy.history import MarketView
 
 
 def cheapest_up(market: MarketView) -> str | None:

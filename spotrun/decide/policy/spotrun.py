@@ -33,7 +33,7 @@ import weakref
 import numpy as np
 
 from spotrun.decide.policy.base import IDLE, Decision, JobProgress, Policy, job_shape, safety_net
-from spotrun.decide.policy.market import MarketHistory, MarketView
+from spotrun.decide.policy.history import MarketHistory, MarketView
 from spotrun.decide.policy.markov import MarkovTiersPolicy
 from spotrun.decide.policy.replay import replay
 from spotrun.decide.policy.rules import GreedyPolicy, UniformProgressPolicy

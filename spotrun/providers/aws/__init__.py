@@ -64,7 +64,7 @@ FACTS = ProviderFacts(
     # EC2 issues the notice "two minutes before Amazon EC2 stops or terminates your Spot
     # Instance", and "interruption notices are emitted on a best effort basis" (EC2 User Guide,
     # "Spot Instance interruption notices"). AWS publishes no rate of missed notices: 0.9 says
-    # "usually", and the job's own reclaims correct it (costmodel/notice.py).
+    # "usually", and the job's own reclaims correct it (costmodel/notice_loss.py).
     notice_window_s=lambda st: 120.0, notice_prior=0.9,
     # A notice closes its pool to launches for 720 s: the 120 s notice up to the reclaim, then
     # 600 s in which a pool's reclaims come in clusters. In the 4-node p3.2xlarge trace (real

@@ -70,7 +70,7 @@ FACTS = ProviderFacts(
     # "Compute Engine sends a preemption notice to the VM in the form of an ACPI G2 Soft Off
     # signal" and stops it 30 s later (docs: Spot VMs, "Preemption process"); GCP publishes
     # no rate of missed notices. 0.95: the soft-off reaches a running guest unless it is
-    # hung (an estimate; the job's own reclaims correct it, costmodel/notice.py).
+    # hung (an estimate; the job's own reclaims correct it, costmodel/notice_loss.py).
     notice_window_s=lambda st: PREEMPTION_WINDOW_S, notice_prior=0.95,
     # A preemption closes its pool to launches for its 30 s window plus the 600 s in which
     # reclaims cluster in a pool on AWS (aws/__init__.py): no GCP trace was found, so the

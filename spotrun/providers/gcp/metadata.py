@@ -10,7 +10,7 @@
   the notice is seen within milliseconds and none is missed between polls.
 - The guest's shutdown: the same preemption sends an ACPI soft-off, which systemd turns into
   SIGTERM for the agent; 30 s later the VM is hard-off. `soft_off_notice_s` tells the agent
-  to take that signal as the notice too (spotrun.agent.runner).
+  to take that signal as the notice too (spotrun.agent.attempt).
 GCE has no rebalance hint; the instance id is the VM's name (what the provider calls it).
 """
 

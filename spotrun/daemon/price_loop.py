@@ -28,7 +28,7 @@ from spotrun.states import Market
 LOOKBACK_S = 3 * 3600.0      # first fetch of a type (and the furthest back any fetch goes)
 RECENT_JOB_S = 3600.0        # wall seconds a finished job's pools stay watched (its tail)
 
-log = structlog.get_logger("spotrun.daemon.prices")
+log = structlog.get_logger("spotrun.daemon.price_loop")
 
 
 class PriceFeed(Protocol):

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, NamedTuple
 import numpy as np
 
 from spotrun.daemon.context import DaemonContext
-from spotrun.daemon.decision import placement_for
+from spotrun.daemon.live_decision import placement_for
 from spotrun.db import Attempt, Job, add_event, attempts_of, session
 from spotrun.decide import Candidate
 from spotrun.decide.deadline import (DEFAULT_TICK_S, market_rows, policy_places, policy_step,
@@ -43,7 +43,7 @@ from spotrun.spec import JobSpec, job_spec
 from spotrun.states import AttemptState, EndReason, Market
 
 if TYPE_CHECKING:
-    from spotrun.daemon.decision import PassInputs
+    from spotrun.daemon.live_decision import PassInputs
 
 DECISION_LOG_LEN = 10_000   # per job, most recent decisions kept in memory (inspection, tests)
 LIVE = (AttemptState.LAUNCHING, AttemptState.RUNNING)

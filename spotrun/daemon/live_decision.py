@@ -26,7 +26,7 @@ from sqlmodel import select
 from spotrun.providers.facts import catalog_for
 from spotrun.costmodel import DbHistory, JobStats
 from spotrun.costmodel.history import reclaim_records
-from spotrun.costmodel.notice import notice_prior_of
+from spotrun.costmodel.notice_loss import notice_prior_of
 from spotrun.costmodel.risk import risk_model
 from spotrun.daemon.context import DaemonContext
 from spotrun.db import Attempt, Job, session
