@@ -15,6 +15,7 @@ class SpotrunError(Exception):
     """Root of all spotrun errors; exit code 1 unless a subclass says otherwise."""
 
     exit_code = 1
+    http_status = 500     # what the team server answers with (spotrun.server.errors)
 
     def __init__(self, message: str, *, field: str | None = None, value: Any = _MISSING,
                  hint: str | None = None) -> None:
@@ -40,6 +41,7 @@ class BadInputError(SpotrunError):
     """Bad user input (job spec, config, CLI argument): exit code 2, nothing written."""
 
     exit_code = 2
+    http_status = 422
 
 
 class SpecError(BadInputError):
@@ -52,6 +54,30 @@ class ConfigError(BadInputError):
 
 class NotFoundError(BadInputError):
     """A job, attempt or object the user named does not exist."""
+
+    http_status = 404
+
+
+class AuthError(BadInputError):
+    """No, unknown or revoked API token (HTTP 401); never names the token's secret."""
+
+    http_status = 401
+
+
+class ForbiddenError(BadInputError):
+    """The token's user may not do this (role too low, another user's job): HTTP 403."""
+
+    http_status = 403
+
+
+class TooManyAttemptsError(BadInputError):
+    """Too many bad tokens from one address lately (HTTP 429 with Retry-After)."""
+
+    http_status = 429
+
+    def __init__(self, message: str, *, retry_after_s: int, **kw: Any) -> None:
+        super().__init__(message, **kw)
+        self.retry_after_s = retry_after_s
 
 
 class DatabaseError(SpotrunError):

@@ -13,8 +13,20 @@ from typing import IO, Any
 
 import structlog
 
+from spotrun.secrets import redact_tokens
+
+
+def _no_tokens(_logger: Any, _name: str, event: dict[str, Any]) -> dict[str, Any]:
+    """Replace any API token's secret in the event's text values (a token pasted into a
+    request path or an error must not reach a log)."""
+    for key, value in event.items():
+        if isinstance(value, str) and "spotrun_" in value:
+            event[key] = redact_tokens(value)
+    return event
+
+
 _SHARED: list[Any] = [structlog.stdlib.add_log_level, structlog.stdlib.add_logger_name,
-                      structlog.processors.TimeStamper(fmt="iso", utc=True)]
+                      structlog.processors.TimeStamper(fmt="iso", utc=True), _no_tokens]
 
 
 def configure_logging(*, json: bool = True, level: int = logging.INFO,

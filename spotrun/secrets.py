@@ -8,12 +8,15 @@ training process's environment; errors name the secret, never its value.
 from __future__ import annotations
 
 import os
+import re
 from typing import Any, Callable, Mapping, Protocol
 
 from spotrun.errors import SecretError
 
 KINDS = ("env", "ssm", "secretsmanager")
 REDACTED = b"***"
+# A team-server API token (spotrun.server.identity): its id may be shown, its secret never.
+API_TOKEN = re.compile(r"spotrun_([0-9a-f]{12})_[A-Za-z0-9_\-]+")
 
 
 class SsmClient(Protocol):
@@ -138,3 +141,9 @@ class Redactor:
         """Whatever is held back (at the end of the stream)."""
         out, self._pending = self._pending, b""
         return self._replace(out)
+
+
+def redact_tokens(text: str) -> str:
+    """text with every API token's secret replaced by '***' (its public id kept)."""
+    return API_TOKEN.sub(lambda m: f"spotrun_{m.group(1)}_***", text) if "spotrun_" in text \
+        else text

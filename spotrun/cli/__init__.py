@@ -32,6 +32,7 @@ VERBS: dict[str, str] = {
     "demo": "spotrun.cli.demo:demo",
     "doctor": "spotrun.cli.doctor:doctor",
     "ui": "spotrun.cli.ui:ui",
+    "users": "spotrun.cli.users:users",
 }
 
 HELP = {
@@ -52,6 +53,7 @@ HELP = {
     "demo": "Train a small real PyTorch job through reclaims, end to end.",
     "doctor": "Check cloud credentials, quotas and resources; say what to fix.",
     "ui": "Serve a read-only web dashboard (and /metrics) on 127.0.0.1.",
+    "users": "Team server users and API tokens: add, list, token, revoke (server host).",
 }
 
 

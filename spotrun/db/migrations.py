@@ -18,6 +18,7 @@ from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import DBAPIError
 from sqlmodel import Session, SQLModel
 
+from spotrun.db.identity import ApiToken, TeamUser, TrailEntry   # the team server's tables
 from spotrun.db.models import AttemptNode, Job, Meta
 from spotrun.db.outbox import NotifyOutbox   # its table is part of the schema
 from spotrun.errors import ConfigError
@@ -63,6 +64,12 @@ def _owners_and_projects(conn: Connection) -> None:
             index.create(conn, checkfirst=True)
 
 
+def _team_server(conn: Connection) -> None:
+    """Version 7: the team server's users, API tokens and action trail (spotrun.db.identity)."""
+    for model in (TeamUser, ApiToken, TrailEntry):
+        model.__table__.create(conn, checkfirst=True)
+
+
 STEPS: list[Step] = [
     Step(2, "columns added after v1 (budget stop, checkpoint figures, running_at, ...)",
          _columns_added_by_helpers),
@@ -71,6 +78,7 @@ STEPS: list[Step] = [
     Step(5, "multi-node: attempt nodes table, node columns on attempts", _attempt_nodes),
     Step(6, "owner and project on jobs (budgets per project and owner)",
          _owners_and_projects),
+    Step(7, "team server: users, API tokens, action trail", _team_server),
 ]
 LATEST = max(s.version for s in STEPS)
 

@@ -12,11 +12,13 @@ from sqlmodel import Session, select
 
 from spotrun.db.models import Attempt, AttemptNode, Event, Job, PricePoint, SpendEntry, utcnow
 from spotrun.errors import NotFoundError
+from spotrun.secrets import redact_tokens
 
 def add_event(s: Session, job_id: str, kind: str, detail: str = "", *,
               attempt_id: int | None = None, ts: datetime | None = None) -> Event:
     """Append one event to a job's history (caller commits)."""
-    ev = Event(job_id=job_id, attempt_id=attempt_id, kind=kind, detail=detail, ts=ts or utcnow())
+    ev = Event(job_id=job_id, attempt_id=attempt_id, kind=kind, detail=redact_tokens(detail),
+               ts=ts or utcnow())
     s.add(ev)
     return ev
 
