@@ -10,7 +10,7 @@ field's `description`, or the message a validator raised with `fail`.
 from __future__ import annotations
 
 import dataclasses
-from datetime import datetime
+from datetime import datetime, timezone
 from enum import Enum
 from functools import cache
 from types import UnionType
@@ -20,7 +20,7 @@ from pydantic import TypeAdapter, ValidationError, WrapValidator
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticCustomError
 
-from spotrun.errors import SpotrunError
+from spotrun.errors import BadInputError, SpotrunError
 
 _MAPPING_TYPES = {"dataclass_type", "dataclass_exact_type", "dict_type", "model_type"}
 
@@ -133,3 +133,16 @@ def json_default(o: Any) -> Any:
     if isinstance(o, Enum):
         return o.value
     raise TypeError(f"not JSON serialisable: {type(o).__name__}")
+
+
+def parse_time(value: str | None, name: str) -> datetime | None:
+    """An ISO-8601 time given by a user (`--since`, a query parameter), UTC if it names no
+    zone; bad input naming the field otherwise."""
+    if value is None:
+        return None
+    try:
+        t = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        raise BadInputError("allowed: an ISO-8601 time such as 2030-01-31T12:00:00Z",
+                            field=name, value=value) from None
+    return t if t.tzinfo else t.replace(tzinfo=timezone.utc)

@@ -33,6 +33,10 @@ VERBS: dict[str, str] = {
     "doctor": "spotrun.cli.doctor:doctor",
     "ui": "spotrun.cli.ui:ui",
     "users": "spotrun.cli.users:users",
+    "trail": "spotrun.cli.trail:trail",
+    "server": "spotrun.cli.server:server",
+    "login": "spotrun.cli.remote:login",
+    "logout": "spotrun.cli.remote:logout",
 }
 
 HELP = {
@@ -54,6 +58,10 @@ HELP = {
     "doctor": "Check cloud credentials, quotas and resources; say what to fix.",
     "ui": "Serve a read-only web dashboard (and /metrics) on 127.0.0.1.",
     "users": "Team server users and API tokens: add, list, token, revoke (server host).",
+    "trail": "The action trail: who changed what through the server, and what was denied.",
+    "server": "Serve the team API (token auth) beside the daemon.",
+    "login": "Use a team server: check and store its URL and your token.",
+    "logout": "Forget the team server; verbs act on the local home again.",
 }
 
 
@@ -108,12 +116,18 @@ def _unavailable(name: str) -> click.Command:
 
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="spotrun")
-def cli() -> None:
+@click.option("--local", is_flag=True,
+              help="Act on the local home even when `spotrun login` stored a server.")
+@click.pass_context
+def cli(ctx: click.Context, local: bool) -> None:
     """spotrun keeps PyTorch training running on spot GPUs and audits the cost.
 
     State lives in $SPOTRUN_HOME (default ~/.spotrun): the SQLite database, the
-    local object store and logs. Exit codes: 0 ok, 1 failure, 2 bad input.
+    local object store and logs. After `spotrun login URL`, status, cancel, resume,
+    audit, budgets and trail go to that server instead (unless --local or SPOTRUN_HOME
+    is given; docs/server.md). Exit codes: 0 ok, 1 failure, 2 bad input.
     """
+    ctx.meta["spotrun.local"] = local
 
 
 def main() -> None:

@@ -6,8 +6,6 @@ Reads the database only (ledger rows, attempts); never calls a cloud. Times in
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
-
 import click
 from rich.console import Console
 from rich.table import Table
@@ -15,25 +13,15 @@ from rich.table import Table
 from spotrun.audit.groups import BY, group_audits
 from spotrun.audit.render import RECLAIM_COLUMNS, TABLE_COLUMNS, cause_rows, cell, flat, \
     notice_lines, reclaim_rows, to_csv, totals
-from spotrun.cli.common import echo_json, get_settings, open_state_db
+from spotrun.backends import remote_wanted
+from spotrun.cli.common import backend, echo_json, get_settings, local_only, open_state_db
+from spotrun.contracts import parse_time
 from spotrun.db import find_job, iter_jobs, session, utcnow
 from spotrun.errors import BadInputError, NotFoundError
 from spotrun.audit.plot import plot_audit
 from spotrun.cli.audit_by import print_groups, group_reconcile, print_reconcile_groups
 from spotrun.cli.tables import Column, print_table
 from spotrun.providers.facts import facts_for
-from spotrun.ui.views import audit_view
-
-
-def _parse_time(value: str | None, name: str) -> datetime | None:
-    if value is None:
-        return None
-    try:
-        t = datetime.fromisoformat(value.replace("Z", "+00:00"))
-    except ValueError:
-        raise BadInputError("allowed: an ISO-8601 time such as 2030-01-31T12:00:00Z",
-                            field=name, value=value) from None
-    return t if t.tzinfo else t.replace(tzinfo=timezone.utc)
 
 
 @click.command()
@@ -70,14 +58,15 @@ def audit(jobs: tuple[str, ...], since: str | None, until: str | None, as_json: 
     if by and (as_csv or plot_file):
         raise BadInputError("combines with JOBS, --since, --until, --json, --wide and "
                             "--reconcile", field="--by", value=by)
-    t_since, t_until = _parse_time(since, "--since"), _parse_time(until, "--until")
+    t_since, t_until = parse_time(since, "--since"), parse_time(until, "--until")
     if t_since and t_until and t_until <= t_since:
         raise BadInputError("must be after --since", field="--until", value=until)
     if plot_file and not plot_file.lower().endswith(".png"):
         raise BadInputError("allowed: a file name ending in .png", field="--plot", value=plot_file)
-    settings = get_settings()
-    result = audit_view(settings, list(jobs), since=t_since, until=t_until, hindsight=not by,
-                        engine=open_state_db(settings, jobs[0] if jobs else None))
+    if plot_file and remote_wanted(local_only()):
+        raise BadInputError("draws from the local database only; add --local on the server "
+                            "host", field="--plot", value=plot_file)
+    result = backend().audit(list(jobs), since=t_since, until=t_until, hindsight=not by)
     if by:
         groups = group_audits(result, by)
         if as_json:

@@ -7,9 +7,8 @@ from typing import Any
 import click
 from rich.console import Console
 
-from spotrun.cli.common import echo_json, get_settings, json_option, open_state_db
+from spotrun.cli.common import backend, echo_json, json_option
 from spotrun.cli.tables import Column, print_table
-from spotrun.ui.views import budgets_view
 
 
 @click.command()
@@ -22,15 +21,14 @@ def budgets(wide: bool, as_json: bool) -> None:
     Periods are UTC calendar days, ISO weeks and months on the provider's clock (the local
     market's runs faster than the wall). `--json` prints a list (docs/audit.md).
     """
-    settings = get_settings()
-    if not settings.budgets.configured():
+    data = backend().budgets()   # [] when no budget is configured
+    if not data:
         if as_json:
             echo_json([])
         else:
             click.echo("no budgets: add [budgets.project.NAME] or [budgets.owner.NAME] "
                        "(usd, period) to spotrun.toml; see docs/budgets.md", err=True)
         return
-    data = budgets_view(settings, engine=open_state_db(settings))
     if as_json:
         echo_json(data)
         return

@@ -15,6 +15,8 @@ from spotrun.errors import NotFoundError
 if TYPE_CHECKING:
     from sqlalchemy.engine import Engine
 
+    from spotrun.backends import Backend
+
 
 def get_settings() -> Settings:
     """Settings for this invocation ($SPOTRUN_HOME, spotrun.toml)."""
@@ -39,3 +41,19 @@ def echo_json(data: Any) -> None:
 
 
 json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+
+
+def backend() -> "Backend":
+    """Where this invocation's remote-capable verbs act: chosen once (the local home, or the
+    server `spotrun login` stored; `--local` and SPOTRUN_HOME keep it local)."""
+    ctx = click.get_current_context()
+    root = ctx.find_root()
+    if "spotrun.backend" not in root.meta:
+        from spotrun.backends import choose   # lazy: start-up cost (httpx when remote)
+        root.meta["spotrun.backend"] = choose(local=local_only())
+    return root.meta["spotrun.backend"]
+
+
+def local_only() -> bool:
+    """Whether `--local` was given to this invocation."""
+    return bool(click.get_current_context().find_root().meta.get("spotrun.local"))

@@ -11,15 +11,16 @@ from rich.console import Console
 from rich.table import Table
 
 from spotrun import layout
-from spotrun.cli.common import echo_json, get_settings, json_option, open_state_db
-from spotrun.db import Attempt, Job, attempts_of, find_job, job_named, session
+from spotrun.cli.common import backend, echo_json, get_settings, json_option, open_state_db
+from spotrun.db import Attempt, Job, attempts_of, job_named, session
 from spotrun.errors import NotFoundError
-from spotrun.jobs import request_cancel, resume_job, submit as submit_job, validate_submission
+from spotrun.jobs import submit as submit_job, validate_submission
+from spotrun.states import JobState
 from spotrun.store import open_store
 from spotrun.store.progress import transfer_bar
 from spotrun.cli.tables import Column, print_table
 from spotrun.daemon.lease import NO_DAEMON
-from spotrun.ui.views import WAITS_FOR_DAEMON, daemon_missing, status_view
+from spotrun.ui.views import WAITS_FOR_DAEMON, daemon_missing
 
 
 @click.command()
@@ -90,9 +91,7 @@ def status(job_ref: str | None, show_events: bool, wide: bool, as_json: bool) ->
     `_market` are on the provider's clock (the local market runs faster than the wall),
     `_wall` on the wall clock; each job's `clock` says which is which.
     """
-    settings = get_settings()
-    data = status_view(settings, job_ref, events=show_events,
-                       engine=open_state_db(settings, job_ref))
+    data = backend().status(job_ref, events=show_events)
     if as_json:
         echo_json(data)
         return
@@ -346,20 +345,16 @@ def _segments(store: Any, job_id: str, attempt_no: int) -> list[str]:
 def cancel(job_ref: str, as_json: bool) -> None:
     """Cancel a job (idempotent): one that never launched at once; otherwise the daemon
     terminates its instances."""
-    settings = get_settings()
-    engine = open_state_db(settings, job_ref)
-    with session(engine) as s:
-        before = find_job(s, job_ref)
-    was = before.state if before is not None else None
-    job = request_cancel(engine, job_ref)
+    done = backend().cancel(job_ref)
+    job = done.job
     if as_json:
-        echo_json({"id": job.id, "state": job.state.value, "cancel_requested": job.cancel_requested})
-    elif job.state.is_terminal() and job.state is not was:
-        click.echo(f"{job.id} {job.state.value}")
-    elif job.state.is_terminal():
-        click.echo(f"{job.id} already {job.state.value}")
+        echo_json(job)
+    elif JobState(job["state"]).is_terminal() and job["state"] != done.was:
+        click.echo(f"{job['id']} {job['state']}")
+    elif JobState(job["state"]).is_terminal():
+        click.echo(f"{job['id']} already {job['state']}")
     else:
-        click.echo(f"{job.id} cancel requested")
+        click.echo(f"{job['id']} cancel requested")
 
 
 @click.command()
@@ -368,13 +363,12 @@ def cancel(job_ref: str, as_json: bool) -> None:
 @json_option
 def resume(job_ref: str, budget_usd: float | None, as_json: bool) -> None:
     """Resume a budget_exhausted or failed job from its last checkpoint."""
-    settings = get_settings()
-    job = resume_job(open_state_db(settings, job_ref), job_ref, budget_usd)
+    job = backend().resume(job_ref, budget_usd)
     if as_json:
-        echo_json({"id": job.id, "state": job.state.value, "budget_usd": job.budget_usd})
+        echo_json(job)
         return
-    click.echo(f"{job.id} {job.state.value}" + (f" budget ${job.budget_usd:g}"
-                                                 if job.budget_usd else ""))
+    click.echo(f"{job['id']} {job['state']}" + (f" budget ${job['budget_usd']:g}"
+                                                 if job["budget_usd"] else ""))
 
 
 __all__ = ["submit", "status", "logs", "cancel", "resume"]

@@ -1,0 +1,64 @@
+"""Where the CLI's verbs act: the local state database, or a team server over HTTP.
+
+One seam: the verbs that work remotely take a `Backend` and render what it returns with the
+same code either way; which one is chosen once per invocation (`choose`, docs/server.md).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Protocol
+
+from spotrun.backends.remote_config import load_remote
+
+
+@dataclass(frozen=True)
+class Cancelled:
+    """A cancel's answer: `cancel --json`'s object, and the job's state before the call."""
+
+    job: dict[str, Any]
+    was: str | None
+
+
+class Backend(Protocol):
+    """The verbs a backend serves; each returns what the matching `--json` prints
+    (audit: JobAudit objects, whose `to_dict()` it prints)."""
+
+    def status(self, ref: str | None, *, events: bool = False) -> Any:
+        """`status --json`: a list of jobs, or one job."""
+
+    def cancel(self, ref: str) -> Cancelled:
+        """Cancel a job (idempotent)."""
+
+    def resume(self, ref: str, budget_usd: float | None) -> dict[str, Any]:
+        """Resume a stopped job; `resume --json`."""
+
+    def audit(self, refs: list[str], *, since: datetime | None, until: datetime | None,
+              hindsight: bool) -> list[Any]:
+        """`audit`: one JobAudit per job."""
+
+    def budgets(self) -> list[dict[str, Any]]:
+        """`budgets --json` ([] when no budget is configured)."""
+
+    def trail(self, *, user: str | None, since: datetime | None) -> list[dict[str, Any]]:
+        """`trail --json`: the action trail, oldest first."""
+
+
+def remote_wanted(local: bool) -> bool:
+    """Whether verbs go to the server: a remote is stored (`spotrun login`), and neither
+    `--local` nor an explicit SPOTRUN_HOME asks for a local home."""
+    return not local and not os.environ.get("SPOTRUN_HOME") and load_remote() is not None
+
+
+def choose(local: bool = False) -> Backend:
+    """The backend for this invocation (see remote_wanted)."""
+    if remote_wanted(local):
+        # lazy: start-up cost (httpx), paid only by a CLI that talks to a server
+        from spotrun.backends.remote import RemoteBackend
+        remote = load_remote()
+        assert remote is not None
+        return RemoteBackend(remote.url, remote.token)
+    from spotrun.backends.local import LocalBackend
+    return LocalBackend()

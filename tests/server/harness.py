@@ -1,0 +1,98 @@
+"""A real team server for tests: uvicorn on 127.0.0.1 (a free port) in a thread, over a real
+SQLite home, polled with a deadline until it answers; users alice, bob (members), vera
+(viewer) and ada (admin) with their tokens; jobs owned by alice and bob."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator
+
+import httpx
+import uvicorn
+
+from spotrun.config import load_settings
+from spotrun.db import Job, open_db, session
+from spotrun.server import identity
+from spotrun.server.app import create_app
+from spotrun.server.auth import Limiter
+from spotrun.states import JobState
+
+from polling import wait_for
+from test_ledger_support import make_job
+
+USERS = {"alice": "member", "bob": "member", "vera": "viewer", "ada": "admin"}
+
+
+@dataclass
+class Team:
+    """The running server and what the tests need of it."""
+
+    home: Path
+    url: str
+    tokens: dict[str, str]
+    engine: Any
+    tmp: Path
+    clock: list[float] = field(default_factory=lambda: [0.0])
+
+    def client(self, user: str | None) -> httpx.Client:
+        """An HTTP client with user's token (None: no token)."""
+        headers = {"Authorization": f"Bearer {self.tokens[user]}"} if user else {}
+        return httpx.Client(base_url=self.url, headers=headers, timeout=30)
+
+    def cli(self, user: str, *args: str, login: bool = True) -> subprocess.CompletedProcess:
+        """`spotrun ARGS` as a real process in user's own HOME and config dir (no SPOTRUN_HOME)."""
+        home = self.tmp / f"laptop-{user}"
+        env = {k: v for k, v in os.environ.items() if not k.startswith("SPOTRUN_")}
+        env.update(HOME=str(home), XDG_CONFIG_HOME=str(home / ".config"), COLUMNS="200")
+        home.mkdir(exist_ok=True)
+        return subprocess.run([sys.executable, "-m", "spotrun", *args], env=env,
+                              capture_output=True, text=True, timeout=120)
+
+
+def add_job(engine: Any, job_id: str, owner: str, state: JobState = JobState.QUEUED) -> None:
+    """A job row owned by owner."""
+    make_job(engine, job_id, state=state)
+    with session(engine) as s:
+        job = s.get(Job, job_id)
+        job.owner = owner
+        s.add(job)
+        s.commit()
+
+
+def start_team(tmp: Path, *, max_failures: int = 5) -> Iterator[Team]:
+    """Yield a Team whose server stops when the generator is closed."""
+    home = tmp / "server-home"
+    home.mkdir()
+    settings = load_settings(str(home))
+    engine = open_db(settings.database_url)
+    tokens = {name: identity.add_user(engine, name, role) for name, role in USERS.items()}
+    clock = [0.0]
+    app = create_app(settings, engine=engine,
+                     limiter=Limiter(max_failures=max_failures, window_s=60,
+                                     clock=lambda: clock[0]))
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    url = f"http://127.0.0.1:{port}"
+
+    def answers() -> bool:
+        try:
+            return httpx.get(url + "/api/v1/health", timeout=1).status_code == 200
+        except httpx.HTTPError:
+            return False
+    try:
+        wait_for(answers, timeout_s=30, what="the team server to answer")
+        yield Team(home=home, url=url, tokens=tokens, engine=engine, tmp=tmp, clock=clock)
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
+        sock.close()
