@@ -69,41 +69,62 @@ def check_member(m: tarfile.TarInfo) -> None:
     name = m.name
     parts = name.replace("\\", "/").split("/")
     if name.startswith("/") or os.path.isabs(name) or ".." in parts or (parts and ":" in parts[0]):
-        raise BadInputError("unsafe path in bundle", field="bundle", value=name,
+        raise BadInputError(f"unsafe path in bundle: {name}", field="bundle", value=name,
                             hint="members must be relative, without '..'")
     if not (m.isfile() or m.isdir() or m.issym() or m.islnk()):
-        raise BadInputError("special file in bundle", field="bundle", value=name,
+        raise BadInputError(f"special file in bundle: {name}", field="bundle", value=name,
                             hint="only files, folders and links inside the bundle")
     if m.issym():
         if os.path.isabs(m.linkname) or not _inside(posixpath.dirname(name), m.linkname):
-            raise BadInputError("symlink points outside the bundle", field="bundle",
+            raise BadInputError(f"symlink points outside the bundle: {name} -> {m.linkname}",
+                                field="bundle",
                                 value=f"{name} -> {m.linkname}")
     if m.islnk():
         link_parts = m.linkname.split("/")
         if m.linkname.startswith("/") or ".." in link_parts:
-            raise BadInputError("hard link points outside the bundle", field="bundle",
+            raise BadInputError(f"hard link points outside the bundle: {name} -> {m.linkname}",
+                                field="bundle",
                                 value=f"{name} -> {m.linkname}")
 
 
-def extract_bundle(archive: str | Path, dest: str | Path) -> int:
-    """Extract a bundle into dest after checking every member; returns the member count."""
-    target = Path(dest)
+def checked_members(tar: tarfile.TarFile, label: str) -> list[tarfile.TarInfo]:
+    """Every member of an open archive, each passed through check_member (first bad one
+    raises, naming it); a corrupt archive is bad input too."""
     try:
-        tar = tarfile.open(archive, "r:gz")
+        members = tar.getmembers()
+    except (tarfile.TarError, OSError, EOFError) as exc:
+        raise BadInputError(f"corrupt bundle: {exc}", field="bundle", value=label) from None
+    for m in members:
+        check_member(m)
+    return members
+
+
+def open_bundle(archive: str | Path) -> tarfile.TarFile:
+    """An archive opened for reading, or bad input naming it."""
+    try:
+        return tarfile.open(archive, "r:gz")
     except (tarfile.TarError, OSError) as exc:
         raise BadInputError(f"not a readable tar.gz: {exc}", field="bundle",
                             value=str(archive)) from None
-    with tar:
-        try:
-            members = tar.getmembers()
-        except (tarfile.TarError, OSError, EOFError) as exc:
-            raise BadInputError(f"corrupt bundle: {exc}", field="bundle",
-                                value=str(archive)) from None
-        for m in members:
-            check_member(m)
+
+
+def check_bundle(archive: str | Path) -> int:
+    """Check every member of a bundle without writing anything; returns the member count."""
+    with open_bundle(archive) as tar:
+        return len(checked_members(tar, str(archive)))
+
+
+def extract_bundle(archive: str | Path, dest: str | Path,
+                   skip: frozenset[str] = frozenset()) -> int:
+    """Extract a bundle into dest after checking every member (names in skip are checked
+    but not written); returns the member count."""
+    target = Path(dest)
+    with open_bundle(archive) as tar:
+        members = checked_members(tar, str(archive))
         target.mkdir(parents=True, exist_ok=True)
         # The stdlib 'data' filter repeats the checks above as a second line of defence.
-        tar.extractall(target, members=members, filter="data")
+        tar.extractall(target, members=[m for m in members if m.name not in skip],
+                       filter="data")
     return len(members)
 
 

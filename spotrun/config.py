@@ -159,6 +159,18 @@ class NotifySettings:
     max_rounds: Int = 20                 # rounds before a message is given up (logged)
 
 
+@dataclass(frozen=True)
+class ServerSettings:
+    """`[server]`: the team server's limits (docs/server.md)."""
+
+    __pydantic_config__ = _STRICT
+
+    # The largest code bundle (the workdir's tar.gz) a remote `spotrun submit` may upload;
+    # a bigger one is refused, naming this key, before anything is written.
+    max_bundle_mb: Annotated[float, Strict(), Field(gt=0, allow_inf_nan=False,
+                                                    description="a number > 0 (MB)")] = 512.0
+
+
 # ---------------------------------------------------------------- [budgets]
 # Dollar budgets per project and per owner (docs/budgets.md):
 #
@@ -255,6 +267,7 @@ class Settings:
     gcp: GcpSettings = field(default_factory=GcpSettings)
     notify: NotifySettings = field(default_factory=NotifySettings)
     budgets: BudgetsSettings = field(default_factory=BudgetsSettings)  # docs/budgets.md
+    server: ServerSettings = field(default_factory=ServerSettings)     # docs/server.md
 
     @property
     def home_path(self) -> Path:

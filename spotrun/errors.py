@@ -70,6 +70,12 @@ class ForbiddenError(BadInputError):
     http_status = 403
 
 
+class TooLargeError(BadInputError):
+    """An upload over the server's limit (HTTP 413); the message names the limit's key."""
+
+    http_status = 413
+
+
 class TooManyAttemptsError(BadInputError):
     """Too many bad tokens from one address lately (HTTP 429 with Retry-After)."""
 

@@ -23,7 +23,7 @@ from spotrun.db import Attempt, Job, add_event, find_job, new_job_id, session, u
 from spotrun.db.faults import check_writable
 from spotrun.errors import BadInputError, NotFoundError, SpotrunError
 from spotrun.ledger.budget import raise_budget
-from spotrun.spec import JobSpec, load_spec_file
+from spotrun.spec import JobSpec, load_spec_file, parse_spec_bytes
 from spotrun.states import JobState, move_job
 from spotrun.store import ProgressFn, open_store
 from spotrun.zones import catalog_label, known_zones
@@ -55,6 +55,23 @@ def validate_submission(path: str | Path, settings: Settings, *,
     zones = known_zones(settings)
     spec = load_spec_file(path, instance_types=catalog.names(), zones=zones,
                           catalog=catalog_label(settings))
+    return submission_of(spec, settings, owner, catalog, zones)
+
+
+def validate_spec_bytes(data: bytes, label: str, settings: Settings, *, owner: str,
+                        base_dir: Path, workdir: str | None) -> Submission:
+    """validate_submission for a spec sent to the team server: owner already decided (the
+    authenticated user), workdir the server's extracted copy of the uploaded bundle."""
+    catalog = catalog_for(settings)
+    zones = known_zones(settings)
+    spec = parse_spec_bytes(data, label, base_dir=base_dir, instance_types=catalog.names(),
+                            zones=zones, catalog=catalog_label(settings), workdir=workdir)
+    return submission_of(spec, settings, owner, catalog, zones)
+
+
+def submission_of(spec: JobSpec, settings: Settings, owner: str, catalog: Any,
+                  zones: list[str]) -> Submission:
+    """A validated spec's Submission: refusals and warnings, a fresh id, where it lives."""
     warnings = refuse_never_runs(spec, settings, catalog, zones)
     job_id = new_job_id(spec.name)
     store_uri = settings.store_url
@@ -79,8 +96,12 @@ def refuse_never_runs(spec: JobSpec, settings: Settings, catalog: Any,
                           offline_market(settings, catalog, zones)).warnings
 
 
-def submit(sub: Submission, engine: Engine, progress: ProgressFn | None = None) -> Job:
+def submit(sub: Submission, engine: Engine, progress: ProgressFn | None = None,
+           bundle_file: Path | None = None) -> Job:
     """Upload the code bundle, then record the job as queued: both or neither.
+
+    bundle_file: an already packed (and checked) bundle to store as is, instead of packing
+    the spec's workdir (the team server's upload).
 
     The database's write lock is taken once first (bounded wait), so a locked database fails
     before anything is uploaded; a row that then cannot be written takes its bundle with it.
@@ -103,7 +124,10 @@ def submit(sub: Submission, engine: Engine, progress: ProgressFn | None = None) 
     if sub.spec.workdir:
         store = open_store(sub.store_uri)
         bundle = layout.bundle_key(sub.job_id)
-        upload_bundle(store, sub.spec.workdir, bundle, progress)
+        if bundle_file is not None:
+            store.put_file(bundle, bundle_file, progress=progress)
+        else:
+            upload_bundle(store, sub.spec.workdir, bundle, progress)
     job = Job(id=sub.job_id, name=sub.spec.name, state=JobState.QUEUED,
               spec_json=json.dumps(sub.spec.to_dict(), sort_keys=True),
               store_uri=sub.store_uri, checkpoint_uri=sub.checkpoint_uri, bundle_key=bundle,

@@ -401,18 +401,35 @@ def load_spec_file(path: str | Path, *, instance_types: Iterable[str], zones: It
         data = p.read_bytes()
     except OSError as exc:
         raise SpecError(f"cannot read {p}: {exc.strerror}", field="file", value=str(p)) from None
+    return parse_spec_bytes(data, str(p), base_dir=p.resolve().parent,
+                            instance_types=instance_types, zones=zones, now=now,
+                            catalog=catalog)
+
+
+def read_spec_yaml(data: bytes, label: str) -> Any:
+    """The decoded YAML of a spec file's bytes (label names the file in errors)."""
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError:
-        raise SpecError("file is not UTF-8 text", field="file", value=str(p)) from None
+        raise SpecError("file is not UTF-8 text", field="file", value=label) from None
     try:
-        raw = yaml.safe_load(text)
+        return yaml.safe_load(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark else ""
-        raise SpecError(f"not valid YAML{where}", field="file", value=str(p)) from None
-    return parse_spec(raw, base_dir=p.resolve().parent, instance_types=instance_types,
-                      zones=zones, now=now, catalog=catalog)
+        raise SpecError(f"not valid YAML{where}", field="file", value=label) from None
+
+
+def parse_spec_bytes(data: bytes, label: str, *, base_dir: Path, instance_types: Iterable[str],
+                     zones: Iterable[str], now: datetime | None = None, catalog: str = "",
+                     workdir: str | None = None) -> JobSpec:
+    """Validate a spec file's bytes; workdir, when given, stands in for the spec's own
+    (the team server's copy of the uploaded bundle)."""
+    raw = read_spec_yaml(data, label)
+    if workdir is not None and isinstance(raw, dict) and raw.get("workdir") is not None:
+        raw = {**raw, "workdir": workdir}
+    return parse_spec(raw, base_dir=base_dir, instance_types=instance_types, zones=zones,
+                      now=now, catalog=catalog)
 
 
 def parse_spec(raw: Any, *, base_dir: Path, instance_types: Iterable[str], zones: Iterable[str],

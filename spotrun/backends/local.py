@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
+from pathlib import Path
+from typing import Any, Iterator
 
-from spotrun.backends import Cancelled
+from spotrun.backends import Cancelled, Progress, Submitted
 from spotrun.config import Settings, load_settings
 from spotrun.db import find_job, open_settings_db, session
 from spotrun.jobs import request_cancel, resume_job
@@ -15,6 +16,22 @@ from spotrun.ui.views import audit_view, budgets_view, status_view
 def cancel_dict(job: Any) -> dict[str, Any]:
     """`cancel --json`'s object."""
     return {"id": job.id, "state": job.state.value, "cancel_requested": job.cancel_requested}
+
+
+def submitted_dict(job: Any) -> dict[str, Any]:
+    """`submit --json`'s object."""
+    return {"id": job.id, "name": job.name, "state": job.state.value, "project": job.project,
+            "owner": job.owner}
+
+
+def no_daemon(settings: Settings, engine: Any) -> str | None:
+    """`queued; no daemon ...` when no daemon will pick a new job up, else None."""
+    from spotrun.ui.views import daemon_missing
+    try:
+        missing = daemon_missing(settings, engine)
+    except Exception:   # the job is in: a lease that cannot be read must not fail the submit
+        return None
+    return f"queued; {missing}" if missing else None
 
 
 def resume_dict(job: Any) -> dict[str, Any]:
@@ -40,6 +57,38 @@ class LocalBackend:
     def status(self, ref: str | None, *, events: bool = False) -> Any:
         """`status --json`."""
         return status_view(self.settings, ref, events=events, engine=self.engine(ref))
+
+    def submit(self, spec_file: str, *, owner: str | None, dry_run: bool,
+               progress: Progress | None = None) -> Submitted:
+        """Validate, then (unless dry_run) upload the bundle and record the job."""
+        from spotrun.jobs import submit as submit_job, validate_submission
+        sub = validate_submission(spec_file, self.settings, owner=owner)
+        if dry_run:
+            # lazy: start-up cost (the decision's numpy, for --dry-run alone)
+            from spotrun.cli.dryrun import dry_run_plan
+            return Submitted(job=dry_run_plan(sub, self.settings), warnings=sub.warnings)
+        engine = self.engine()
+        job = submit_job(sub, engine, progress=progress if sub.spec.workdir else None)
+        return Submitted(job=submitted_dict(job), warnings=sub.warnings,
+                         note=no_daemon(self.settings, engine))
+
+    def logs(self, ref: str, attempt: int | None, *, follow: bool, poll_s: float
+             ) -> Iterator[tuple[str, str]]:
+        """The job's output from its store (checked now, streamed as iterated)."""
+        from spotrun.logstream import JobLogs
+        return JobLogs.open(self.settings, self.engine(ref), ref, attempt).chunks(
+            follow=follow, poll_s=poll_s)
+
+    def logs_json(self, ref: str, attempt: int | None) -> list[dict[str, Any]]:
+        """`logs --json`."""
+        from spotrun.logstream import JobLogs
+        return JobLogs.open(self.settings, self.engine(ref), ref, attempt).as_json()
+
+    def pull(self, ref: str, dest: Path | None, *, checkpoint: bool, show: bool
+             ) -> dict[str, Any]:
+        """Pull from the job's store into dest."""
+        from spotrun.cli.pull import pull_into
+        return pull_into(self.engine(ref), ref, dest, checkpoint=checkpoint, show=show)
 
     def cancel(self, ref: str) -> Cancelled:
         """Cancel a job (idempotent)."""

@@ -3,24 +3,18 @@
 from __future__ import annotations
 
 import re
-import time
-from typing import Any
+from contextlib import contextmanager
+from typing import Any, Iterator
 
 import click
 from rich.console import Console
 from rich.table import Table
 
-from spotrun import layout
-from spotrun.cli.common import backend, echo_json, get_settings, json_option, open_state_db
-from spotrun.db import Attempt, Job, attempts_of, job_named, session
-from spotrun.errors import NotFoundError
-from spotrun.jobs import submit as submit_job, validate_submission
+from spotrun.cli.common import backend, echo_json, json_option
 from spotrun.states import JobState
-from spotrun.store import open_store
 from spotrun.store.progress import transfer_bar
 from spotrun.cli.tables import Column, print_table
 from spotrun.daemon.lease import NO_DAEMON
-from spotrun.ui.views import WAITS_FOR_DAEMON, daemon_missing
 
 
 @click.command()
@@ -38,45 +32,42 @@ def submit(spec_file: str, dry_run: bool, wide: bool, owner: str | None, as_json
     so does a job whose `policy.budget_usd` is more than its project's or owner's budget
     has left (docs/budgets.md).
     """
-    settings = get_settings()
-    sub = validate_submission(spec_file, settings, owner=owner)
-    for warning in sub.warnings:
+    console = Console(stderr=True)
+    with upload_bar(console, show=console.is_terminal and not as_json) as progress:
+        done = backend().submit(spec_file, owner=owner, dry_run=dry_run, progress=progress)
+    for warning in done.warnings:
         click.echo(f"warning: {warning}", err=True)
     if dry_run:
-        # lazy: start-up cost (the decision's numpy, for --dry-run alone; `status` is here)
-        from spotrun.cli.dryrun import dry_run_plan, print_plan
-        plan = dry_run_plan(sub, settings)
         if as_json:
-            echo_json(plan)
+            echo_json(done.job)
         else:
-            print_plan(plan, wide=wide)
+            # lazy: start-up cost (the decision's tables, for --dry-run alone)
+            from spotrun.cli.dryrun import print_plan
+            print_plan(done.job, wide=wide)
         return
-    engine = open_state_db(settings)
-    console = Console(stderr=True)
-    if sub.spec.workdir and console.is_terminal and not as_json:
-        with transfer_bar(console) as bar:
-            task = bar.add_task("uploading code bundle", total=None)
-            job = submit_job(sub, engine,
-                             progress=lambda done, total: bar.update(task, completed=done,
-                                                                     total=total or None))
-    else:
-        job = submit_job(sub, engine)
     if as_json:
-        echo_json({"id": job.id, "name": job.name, "state": job.state.value,
-                   "project": job.project, "owner": job.owner})
+        echo_json(done.job)
     else:
-        click.echo(job.id)
-    _say_if_no_daemon(settings, engine)
+        click.echo(done.job["id"])
+    if done.note:
+        click.echo(done.note, err=True)
 
 
-def _say_if_no_daemon(settings: Any, engine: Any) -> None:
-    """One line on stderr when no daemon will pick the job up (the job is recorded anyway)."""
-    try:
-        missing = daemon_missing(settings, engine)
-    except Exception:   # the job is in: a lease that cannot be read must not fail the submit
+@contextmanager
+def upload_bar(console: Console, *, show: bool) -> Iterator[Any]:
+    """A progress callback drawing the code bundle's upload as a rich bar (None: no bar);
+    the bar appears with the first bytes, so a job without a workdir shows none."""
+    if not show:
+        yield None
         return
-    if missing:
-        click.echo(f"queued; {missing}", err=True)
+    with transfer_bar(console) as bar:
+        task: list[Any] = []
+
+        def progress(done: int, total: int) -> None:
+            if not task:
+                task.append(bar.add_task("uploading code bundle", total=total or None))
+            bar.update(task[0], completed=done, total=total or None)
+        yield progress
 
 
 @click.command()
@@ -266,77 +257,12 @@ def logs(job_ref: str, attempt_no: int | None, follow: bool, poll_s: float,
     Each attempt starts with a `== attempt N (pool) ==` line; an attempt that printed
     nothing says so. `--json` prints `[{"attempt", "pool", "end_reason", "output"}]`.
     """
-    settings = get_settings()
-    engine = open_state_db(settings, job_ref)
-    with session(engine) as s:
-        job = job_named(s, job_ref)
-        job_id, store_uri = job.id, job.store_uri
-        attempts = {a.number: a for a in attempts_of(s, job.id)}
-    if attempt_no is not None and attempt_no not in attempts:
-        have = f"1-{max(attempts)}" if attempts else "none yet"
-        raise NotFoundError(f"no attempt {attempt_no}; the job's attempts: {have}",
-                            field="--attempt", value=attempt_no)
-    store = open_store(store_uri)
+    be = backend()
     if as_json:
-        echo_json([{"attempt": n, "pool": _pool(a),
-                    "end_reason": a.end_reason.value if a.end_reason else None,
-                    "output": "".join(store.get_bytes(k).decode("utf-8", errors="replace")
-                                      for k in _segments(store, job_id, n))}
-                   for n, a in sorted(attempts.items())
-                   if attempt_no is None or n == attempt_no])
+        echo_json(be.logs_json(job_ref, attempt_no))
         return
-    printed: set[str] = set()
-    headed: set[int] = set()
-    told: str | None = None
-    while True:
-        if follow and not attempts:
-            # Say why nothing comes yet (once per reason), rather than hang in silence.
-            why = _why_no_attempt(settings, engine, job_id)
-            if why != told:
-                click.echo(why, err=True)
-                told = why
-        for n, a in sorted(attempts.items()):
-            if attempt_no is not None and n != attempt_no:
-                continue
-            keys = [k for k in _segments(store, job_id, n) if k not in printed]
-            ended = a.state.is_terminal()
-            if n not in headed and (keys or ended):
-                headed.add(n)
-                click.echo(f"== attempt {n} ({_pool(a)})"
-                           + (f", {a.end_reason.value}" if a.end_reason else "") + " ==")
-                if not keys and not _segments(store, job_id, n):
-                    click.echo("(no output)")
-            for key in keys:
-                printed.add(key)
-                click.echo(store.get_bytes(key).decode("utf-8", errors="replace"), nl=False)
-        if not follow:
-            return
-        with session(engine) as s:
-            attempts = {a.number: a for a in attempts_of(s, job_id)}
-            if s.get(Job, job_id).state.is_terminal():
-                follow = False  # one more pass picks up the final segments
-                continue
-        time.sleep(poll_s)  # a CLI follow loop paces itself; not a test wait
-
-
-def _why_no_attempt(settings: Any, engine: Any, job_id: str) -> str:
-    """`job X has no attempt yet (queued: reason); waiting...` for `logs -f`."""
-    with session(engine) as s:
-        job = s.get(Job, job_id)
-        state, reason = job.state, job.reason
-    if state in WAITS_FOR_DAEMON:
-        reason = daemon_missing(settings, engine) or reason
-    return (f"job {job_id} has no attempt yet ({state.value}: "
-            f"{reason or 'waiting for the scheduler'}); waiting...")
-
-
-def _pool(a: Attempt) -> str:
-    return f"{a.instance_type} {a.zone} {a.market.value}"
-
-
-def _segments(store: Any, job_id: str, attempt_no: int) -> list[str]:
-    prefix = layout.log_prefix(job_id, attempt_no) + "/"
-    return [o.key for o in store.list(prefix) if o.key.endswith(".log")]
+    for stream, text in be.logs(job_ref, attempt_no, follow=follow, poll_s=poll_s):
+        click.echo(text, nl=False, err=stream == "err")
 
 
 @click.command()

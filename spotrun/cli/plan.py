@@ -8,7 +8,8 @@ from rich.table import Table
 
 from spotrun.catalog import Catalog
 from spotrun.providers.facts import catalog_for
-from spotrun.cli.common import echo_json, get_settings, json_option
+from spotrun.backends import remote_wanted
+from spotrun.cli.common import echo_json, get_settings, json_option, local_only
 from spotrun.cli.marketview import MarketView, decide_on_market
 from spotrun.cli.tables import Column, print_table
 from spotrun.config import Settings
@@ -58,22 +59,23 @@ def plan(spec_files: tuple[str, ...], as_json: bool, zones_opt: tuple[str, ...],
         raise BadInputError("--live and --offline exclude each other", field="--offline",
                             hint="the market the daemon reads is the default; --offline "
                                  "alone for the catalog's prices")
+    if remote_wanted(local_only()):
+        from spotrun.cli.plan_remote import plan_remote   # lazy: httpx, only when remote
+        plan_remote(spec_files, as_json=as_json, zones=zones_opt, offline=offline, top=top,
+                    wide=wide)
+        return
     settings = get_settings()
     catalog = catalog_for(settings)
-    known = known_zones(settings)
-    wanted = _zones(zones_opt, known)
-    several = len(spec_files) > 1
-    # Every spec is read before any is decided: a bad one anywhere prints nothing.
     label = catalog_label(settings)
-    specs = [(path, _load(path, catalog, label, known, several)) for path in spec_files]
-    planned: list[tuple[str, JobSpec, MarketView, Placement]] = []
-    for path, spec in specs:
-        view, placed = _decide(path, spec, settings, catalog,
-                               wanted or list(spec.resources.zones) or None, offline, several)
-        planned.append((path, spec, view, placed))
+    several = len(spec_files) > 1
+    known = known_zones(settings)
+    _zones(zones_opt, known)
+    # Every spec is read before any is decided: a bad one anywhere prints nothing.
+    specs = [(path, _load(path, catalog, label, known, several))
+             for path in spec_files]
+    planned = plan_specs(settings, specs, zones_opt, offline)
     if as_json:
-        out = [{"spec_file": path, **view.annotate(placed.to_dict())}
-               for path, _, view, placed in planned]
+        out = plan_json(planned)
         echo_json(out[0] if len(out) == 1 else out)
         return
     console = Console()
@@ -82,6 +84,29 @@ def plan(spec_files: tuple[str, ...], as_json: bool, zones_opt: tuple[str, ...],
             console.print()
         _print(console, placed, spec.name, view, top=top, wide=wide,
                total_steps=spec.work.total_steps, path=path if len(planned) > 1 else None)
+
+
+Planned = tuple[str, JobSpec, MarketView, Placement]
+
+
+def plan_specs(settings: Settings, specs: list[tuple[str, JobSpec]],
+               zones_opt: tuple[str, ...] | list[str], offline: bool) -> list[Planned]:
+    """Decide every (file, spec) on the market (also the team server's `POST /plan`)."""
+    catalog = catalog_for(settings)
+    wanted = _zones(tuple(zones_opt), known_zones(settings))
+    several = len(specs) > 1
+    planned: list[Planned] = []
+    for path, spec in specs:
+        view, placed = _decide(path, spec, settings, catalog,
+                               wanted or list(spec.resources.zones) or None, offline, several)
+        planned.append((path, spec, view, placed))
+    return planned
+
+
+def plan_json(planned: list[Planned]) -> list[dict]:
+    """`plan --json`'s objects, one per file."""
+    return [{"spec_file": path, **view.annotate(placed.to_dict())}
+            for path, _, view, placed in planned]
 
 
 def _load(path: str, catalog: Catalog, label: str, known: list[str], several: bool) -> JobSpec:
@@ -106,6 +131,7 @@ def _naming(exc: SpotrunError, path: str, several: bool) -> SpotrunError:
         return exc
     named = SpotrunError(f"{path}: {exc}")
     named.exit_code = exc.exit_code
+    named.http_status = exc.http_status   # the team server answers with the same status
     return named
 
 

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import hashlib
 import json
+from contextlib import contextmanager
 from pathlib import Path, PurePosixPath
-from typing import Any
+from typing import Any, Iterator
 
 import click
 
 from spotrun import layout
-from spotrun.cli.common import echo_json, get_settings, json_option, open_state_db
+from spotrun.cli.common import backend, echo_json, json_option
 from spotrun.db import job_named, session
 from spotrun.errors import (BadInputError, ChecksumMismatch, SpotrunError,
                             StoreError)
@@ -98,6 +99,46 @@ def _pull_with_progress(store: ObjectStore, job_id: str, dest: Path, *,
         return pull_outputs(store, job_id, dest, progress=on_bytes)
 
 
+def pull_into(engine: Any, job_ref: str, dest: Path | None, *, checkpoint: bool,
+              show: bool = False) -> dict[str, Any]:
+    """Pull a job's outputs (and its checkpoint's export) into dest (None: ./<job id>);
+    returns what `pull --json` prints (also the team server's pull, into a scratch folder)."""
+    with session(engine) as s:
+        job = job_named(s, job_ref)
+        job_id, store_uri, ckpt_uri, state = job.id, job.store_uri, job.checkpoint_uri, job.state
+    dest = dest if dest is not None else Path.cwd() / job_id
+    if dest.exists() and not dest.is_dir():
+        raise BadInputError("must be a folder (it is a file)", field="--to", value=str(dest))
+    dest.mkdir(parents=True, exist_ok=True)
+    outputs = _pull_with_progress(open_store(store_uri), job_id, dest, show=show)
+    ckpt = pull_checkpoint(open_store(ckpt_uri), dest) if checkpoint else None
+    if not outputs and ckpt is None:
+        raise SpotrunError("nothing to pull yet: no outputs and no checkpoint", field="JOB",
+                           value=job_id, hint="outputs come when the command ends; "
+                           "list them under `outputs:` in the job spec")
+    return {"job": job_id, "state": state.value, "to": str(dest.resolve()),
+            "outputs": outputs, "checkpoint": ckpt}
+
+
+@contextmanager
+def download_bar(*, show: bool) -> Iterator[Any]:
+    """A progress callback (bytes done, total) drawing a remote pull's download on
+    stderr's terminal; None off a terminal (local pull draws one bar per file itself)."""
+    from rich.console import Console
+    console = Console(stderr=True)
+    if not show or not console.is_terminal:
+        yield None
+        return
+    with transfer_bar(console) as bar:
+        task: list[Any] = []
+
+        def progress(done: int, total: int) -> None:
+            if not task:
+                task.append(bar.add_task("downloading", total=total or None))
+            bar.update(task[0], completed=done, total=total or None)
+        yield progress
+
+
 @click.command()
 @click.argument("job_ref")
 @click.option("--to", "to_dir", type=click.Path(file_okay=False), default=None,
@@ -112,26 +153,15 @@ def pull(job_ref: str, to_dir: str | None, no_checkpoint: bool, as_json: bool) -
     verified one, exported as a plain PyTorch state_dict (`torch.load(...,
     weights_only=True)`), plus `model.safetensors` where safetensors is installed.
     """
-    settings = get_settings()
-    engine = open_state_db(settings, job_ref)
-    with session(engine) as s:
-        job = job_named(s, job_ref)
-        job_id, store_uri, ckpt_uri, state = job.id, job.store_uri, job.checkpoint_uri, job.state
-    dest = Path(to_dir) if to_dir else Path.cwd() / job_id
-    if dest.exists() and not dest.is_dir():
+    dest = Path(to_dir) if to_dir else None
+    if dest is not None and dest.exists() and not dest.is_dir():
         raise BadInputError("must be a folder (it is a file)", field="--to", value=str(dest))
-    dest.mkdir(parents=True, exist_ok=True)
-    outputs = _pull_with_progress(open_store(store_uri), job_id, dest, show=not as_json)
-    checkpoint = None if no_checkpoint else pull_checkpoint(open_store(ckpt_uri), dest)
-    if not outputs and checkpoint is None:
-        raise SpotrunError("nothing to pull yet: no outputs and no checkpoint", field="JOB",
-                           value=job_id, hint="outputs come when the command ends; "
-                           "list them under `outputs:` in the job spec")
+    done = backend().pull(job_ref, dest, checkpoint=not no_checkpoint, show=not as_json)
+    outputs, checkpoint = done["outputs"], done["checkpoint"]
     if as_json:
-        echo_json({"job": job_id, "state": state.value, "to": str(dest.resolve()),
-                   "outputs": outputs, "checkpoint": checkpoint})
+        echo_json(done)
         return
-    click.echo(f"{job_id} ({state.value}) -> {dest}")
+    click.echo(f"{done['job']} ({done['state']}) -> {done['to']}")
     for o in outputs:
         click.echo(f"  {o['path']}  {o['size']} bytes  (attempt {o['attempt']})")
     if checkpoint is not None:

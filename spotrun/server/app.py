@@ -23,6 +23,8 @@ from spotrun.secrets import redact_tokens
 from spotrun.server.auth import Limiter
 from spotrun.server.routes_jobs import router as jobs_router
 from spotrun.server.routes_reads import router as reads_router
+from spotrun.server.routes_stream import router as stream_router
+from spotrun.server.routes_submit import router as submit_router
 
 
 class SpotrunJSON(JSONResponse):
@@ -77,4 +79,6 @@ def create_app(settings: Settings, *, engine: Any = None, limiter: Limiter | Non
 
     app.include_router(jobs_router, prefix="/api/v1")
     app.include_router(reads_router, prefix="/api/v1")
+    app.include_router(submit_router, prefix="/api/v1")
+    app.include_router(stream_router, prefix="/api/v1")
     return app

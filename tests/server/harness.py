@@ -38,6 +38,7 @@ class Team:
     tokens: dict[str, str]
     engine: Any
     tmp: Path
+    app: Any = None
     clock: list[float] = field(default_factory=lambda: [0.0])
 
     def client(self, user: str | None) -> httpx.Client:
@@ -48,11 +49,24 @@ class Team:
     def cli(self, user: str, *args: str, login: bool = True) -> subprocess.CompletedProcess:
         """`spotrun ARGS` as a real process in user's own HOME and config dir (no SPOTRUN_HOME)."""
         home = self.tmp / f"laptop-{user}"
-        env = {k: v for k, v in os.environ.items() if not k.startswith("SPOTRUN_")}
+        # A laptop: no spotrun home and no cloud credentials (the server has the store).
+        env = {k: v for k, v in os.environ.items()
+               if not k.startswith(("SPOTRUN_", "AWS_", "GOOGLE_"))}
         env.update(HOME=str(home), XDG_CONFIG_HOME=str(home / ".config"), COLUMNS="200")
         home.mkdir(exist_ok=True)
-        return subprocess.run([sys.executable, "-m", "spotrun", *args], env=env,
+        return subprocess.run([sys.executable, "-m", "spotrun", *args], env=env, cwd=home,
                               capture_output=True, text=True, timeout=120)
+
+    def laptop(self, user: str) -> Path:
+        """user's HOME for cli()."""
+        (self.tmp / f"laptop-{user}").mkdir(exist_ok=True)
+        return self.tmp / f"laptop-{user}"
+
+    def login(self, *users: str) -> None:
+        """`spotrun login` for each user (asserting it worked)."""
+        for user in users:
+            res = self.cli(user, "login", self.url, "--token", self.tokens[user])
+            assert res.returncode == 0, res.stderr
 
 
 def add_job(engine: Any, job_id: str, owner: str, state: JobState = JobState.QUEUED) -> None:
@@ -91,7 +105,8 @@ def start_team(tmp: Path, *, max_failures: int = 5) -> Iterator[Team]:
             return False
     try:
         wait_for(answers, timeout_s=30, what="the team server to answer")
-        yield Team(home=home, url=url, tokens=tokens, engine=engine, tmp=tmp, clock=clock)
+        yield Team(home=home, url=url, tokens=tokens, engine=engine, tmp=tmp, app=app,
+                   clock=clock)
     finally:
         server.should_exit = True
         thread.join(timeout=30)
