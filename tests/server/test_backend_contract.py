@@ -11,7 +11,7 @@ from spotrun.backends.local import LocalBackend
 from spotrun.backends.remote import RemoteBackend
 from spotrun.config import load_settings
 from spotrun.contracts import json_default
-from spotrun.errors import BadInputError, NotFoundError
+from spotrun.errors import BadInputError, NotFoundError, SpotrunError
 from spotrun.states import JobState
 
 from server.harness import Team, add_job
@@ -59,3 +59,21 @@ def test_cancel_resume_and_bad_refs(team: Team, kind: str) -> None:
     with pytest.raises(BadInputError) as err:
         be.resume("job-q", None)
     assert str(err.value).startswith("JOB: job is cancelled; only budget_exhausted")
+
+
+def test_logs_and_pull_are_the_same_either_way(team: Team, tmp_path) -> None:
+    from server.test_server_streams import _job_with_output
+    _job_with_output(team)
+    b = _backends(team)
+    assert b["local"].logs_json("job-l", None) == b["remote"].logs_json("job-l", None)
+    assert list(b["local"].logs("job-l", 1, follow=False, poll_s=1)) == \
+        list(b["remote"].logs("job-l", 1, follow=False, poll_s=1))
+    got = {k: b[k].pull("job-l", tmp_path / k, checkpoint=False, show=False) for k in b}
+    for k in b:
+        assert got[k].pop("to") == str((tmp_path / k).resolve())
+        assert (tmp_path / k / "model" / "out.txt").read_bytes() == b"weights\n"
+    assert got["local"] == got["remote"]
+    add_job(team.engine, "job-empty", "alice")
+    for be in b.values():
+        with pytest.raises(SpotrunError, match="nothing to pull"):
+            be.pull("job-empty", tmp_path / "x", checkpoint=False, show=False)
