@@ -17,8 +17,8 @@ import pytest
 from click.testing import CliRunner
 
 from spotrun.cli import cli
-from spotrun.cli.dryrun import dry_run_request
-from spotrun.cli.marketview import decide_on_market
+from spotrun.planning.plans import dry_run_request
+from spotrun.planning.market_view import decide_on_market
 from spotrun.config import load_settings
 from spotrun.daemon.app import build_context
 from spotrun.daemon.scheduler import SchedulerLoop

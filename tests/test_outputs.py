@@ -181,7 +181,7 @@ def test_pull_on_a_fresh_home_writes_nothing(tmp_home: Path):
 
 
 def test_pull_outputs_reports_bytes_as_they_arrive(tmp_path: Path):
-    from spotrun.cli.pull import pull_outputs
+    from spotrun.pulls import pull_outputs
     store = FileStore(tmp_path / "store")
     job = tmp_path / "job"
     job.mkdir()

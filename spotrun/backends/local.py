@@ -6,9 +6,9 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Iterator
 
-from spotrun.backends import Cancelled, Progress, Submitted
+from spotrun.backends.base import Cancelled, Progress, Submitted
 from spotrun.config import Settings, load_settings
-from spotrun.db import find_job, open_settings_db, session
+from spotrun.db import find_job, open_state_db, session
 from spotrun.jobs import request_cancel, resume_job
 from spotrun.ui.views import audit_view, budgets_view, status_view
 
@@ -49,8 +49,6 @@ class LocalBackend:
     def engine(self, job_ref: str | None = None) -> Any:
         """The state database (a lookup on a home with none is not found; creates nothing)."""
         if self._engine is None:
-            # lazy: the CLI helper imports click; the server passes its engine in
-            from spotrun.cli.common import open_state_db
             return open_state_db(self.settings, job_ref)
         return self._engine
 
@@ -65,7 +63,7 @@ class LocalBackend:
         sub = validate_submission(spec_file, self.settings, owner=owner)
         if dry_run:
             # lazy: start-up cost (the decision's numpy, for --dry-run alone)
-            from spotrun.cli.dryrun import dry_run_plan
+            from spotrun.planning.plans import dry_run_plan
             return Submitted(job=dry_run_plan(sub, self.settings), warnings=sub.warnings)
         engine = self.engine()
         job = submit_job(sub, engine, progress=progress if sub.spec.workdir else None)
@@ -87,7 +85,7 @@ class LocalBackend:
     def pull(self, ref: str, dest: Path | None, *, checkpoint: bool, show: bool
              ) -> dict[str, Any]:
         """Pull from the job's store into dest."""
-        from spotrun.cli.pull import pull_into
+        from spotrun.pulls import pull_into
         return pull_into(self.engine(ref), ref, dest, checkpoint=checkpoint, show=show)
 
     def cancel(self, ref: str) -> Cancelled:
@@ -116,5 +114,5 @@ class LocalBackend:
 
     def trail(self, *, user: str | None, since: datetime | None) -> list[dict[str, Any]]:
         """The action trail of this database."""
-        from spotrun.server.trail import trail_view
+        from spotrun.db.trail import trail_view
         return trail_view(self.engine(), user=user, since=since)

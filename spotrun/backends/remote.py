@@ -17,7 +17,7 @@ from urllib.parse import quote
 
 import httpx
 
-from spotrun.backends import Cancelled, Progress, Submitted
+from spotrun.backends.base import Cancelled, Progress, Submitted
 from spotrun.backends.revive import job_audit, revive_times
 from spotrun.errors import (AuthError, BadInputError, ForbiddenError, NotFoundError,
                             SpotrunError, TooLargeError, TooManyAttemptsError)
@@ -152,7 +152,7 @@ class RemoteBackend:
         """Download the server's pull archive, then extract it here with the bundle's
         path checks (a member that would land outside dest writes nothing)."""
         from spotrun.backends.transfer import extract_pull, peek_summary
-        from spotrun.cli.pull import download_bar
+        from spotrun.pulls import download_bar
         resp = self._stream(f"/jobs/{quote(ref, safe='')}/pull",
                                  {"checkpoint": "true" if checkpoint else "false"})
         with tempfile.TemporaryDirectory(prefix="spotrun-pull-") as tmp:

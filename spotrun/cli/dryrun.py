@@ -3,49 +3,11 @@
 from __future__ import annotations
 
 import json
-from typing import Any, Sequence
+from typing import Any
 
 from rich.console import Console
 
-from spotrun.agent.contract import AttemptPlan, first_ranks, launch_request
-from spotrun.cli.marketview import decide_on_market
 from spotrun.cli.tables import Column, print_table
-from spotrun.config import Settings
-from spotrun.decide import Candidate
-from spotrun.jobs import Submission
-from spotrun.providers.base import LaunchRequest, Pool
-from spotrun.providers.facts import catalog_for
-
-
-def dry_run_plan(sub: Submission, settings: Settings) -> dict[str, Any]:
-    """What the first launch would do, decided on the market the daemon will see (pure)."""
-    catalog = catalog_for(settings)
-    spec = sub.spec
-    # The same market plan reads (spotrun/cli/marketview.py), so both pick the same pool.
-    view, placed = decide_on_market(spec, settings, catalog, list(spec.resources.zones) or None)
-    provider = view.provider
-    out: dict[str, Any] = {"job_id": sub.job_id, "name": spec.name,
-                           "checkpoint_uri": sub.checkpoint_uri,
-                           **view.annotate(placed.to_dict()), "launch": None}
-    first = placed.first
-    if first is None or provider is None:
-        return out
-    request = dry_run_request(sub, settings, first, placed.candidates)
-    out["launch"] = provider.plan_launch(request).to_dict()
-    return out
-
-
-def dry_run_request(sub: Submission, settings: Settings, first: Candidate,
-                    candidates: Sequence[Candidate]) -> LaunchRequest:
-    """The first launch's request, as the scheduler builds it (spotrun.agent.contract) from the
-    values it will have: no database rows, no bundle yet."""
-    plan = AttemptPlan(job_id=sub.job_id, spec=sub.spec, store_uri=sub.store_uri,
-                       checkpoint_uri=sub.checkpoint_uri, bundle_key=None, attempt=1,
-                       gpus=first.gpus, checkpoint_interval_s=first.checkpoint_interval_s,
-                       project=sub.spec.project, owner=sub.job_owner())
-    pools = [Pool(c.instance_type, c.zone, c.market) for c in candidates]
-    return launch_request(settings, plan, pools, client_token="<dry-run>",
-                          ranks=first_ranks(sub.spec))
 
 
 def print_plan(plan: dict[str, Any], *, wide: bool = False) -> None:

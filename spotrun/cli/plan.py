@@ -6,16 +6,14 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from spotrun.catalog import Catalog
 from spotrun.providers.facts import catalog_for
 from spotrun.backends import remote_wanted
 from spotrun.cli.common import echo_json, get_settings, json_option, local_only
-from spotrun.cli.marketview import MarketView, decide_on_market
+from spotrun.planning.market_view import MarketView
+from spotrun.planning.plans import load_named, plan_json, plan_specs, zones_wanted
 from spotrun.cli.tables import Column, print_table
-from spotrun.config import Settings
 from spotrun.decide import Candidate, Placement
-from spotrun.errors import BadInputError, SpotrunError
-from spotrun.spec import JobSpec, load_spec_file
+from spotrun.errors import BadInputError
 from spotrun.states import Market
 from spotrun.zones import catalog_label, known_zones
 
@@ -69,9 +67,9 @@ def plan(spec_files: tuple[str, ...], as_json: bool, zones_opt: tuple[str, ...],
     label = catalog_label(settings)
     several = len(spec_files) > 1
     known = known_zones(settings)
-    _zones(zones_opt, known)
+    zones_wanted(zones_opt, known)
     # Every spec is read before any is decided: a bad one anywhere prints nothing.
-    specs = [(path, _load(path, catalog, label, known, several))
+    specs = [(path, load_named(path, catalog, label, known, several))
              for path in spec_files]
     planned = plan_specs(settings, specs, zones_opt, offline)
     if as_json:
@@ -84,64 +82,6 @@ def plan(spec_files: tuple[str, ...], as_json: bool, zones_opt: tuple[str, ...],
             console.print()
         _print(console, placed, spec.name, view, top=top, wide=wide,
                total_steps=spec.work.total_steps, path=path if len(planned) > 1 else None)
-
-
-Planned = tuple[str, JobSpec, MarketView, Placement]
-
-
-def plan_specs(settings: Settings, specs: list[tuple[str, JobSpec]],
-               zones_opt: tuple[str, ...] | list[str], offline: bool) -> list[Planned]:
-    """Decide every (file, spec) on the market (also the team server's `POST /plan`)."""
-    catalog = catalog_for(settings)
-    wanted = _zones(tuple(zones_opt), known_zones(settings))
-    several = len(specs) > 1
-    planned: list[Planned] = []
-    for path, spec in specs:
-        view, placed = _decide(path, spec, settings, catalog,
-                               wanted or list(spec.resources.zones) or None, offline, several)
-        planned.append((path, spec, view, placed))
-    return planned
-
-
-def plan_json(planned: list[Planned]) -> list[dict]:
-    """`plan --json`'s objects, one per file."""
-    return [{"spec_file": path, **view.annotate(placed.to_dict())}
-            for path, _, view, placed in planned]
-
-
-def _load(path: str, catalog: Catalog, label: str, known: list[str], several: bool) -> JobSpec:
-    try:
-        return load_spec_file(path, instance_types=catalog.names(), zones=known, catalog=label)
-    except SpotrunError as exc:
-        raise _naming(exc, path, several) from exc
-
-
-def _decide(path: str, spec: JobSpec, settings: Settings, catalog: Catalog,
-            zones: list[str] | None, offline: bool, several: bool
-            ) -> tuple[MarketView, Placement]:
-    try:
-        return decide_on_market(spec, settings, catalog, zones, offline=offline)
-    except SpotrunError as exc:
-        raise _naming(exc, path, several) from exc
-
-
-def _naming(exc: SpotrunError, path: str, several: bool) -> SpotrunError:
-    """With several spec files, the error names the file it is about (same exit code)."""
-    if not several:
-        return exc
-    named = SpotrunError(f"{path}: {exc}")
-    named.exit_code = exc.exit_code
-    named.http_status = exc.http_status   # the team server answers with the same status
-    return named
-
-
-def _zones(zones_opt: tuple[str, ...], known: list[str]) -> list[str]:
-    wanted = [z.strip() for item in zones_opt for z in item.split(",") if z.strip()]
-    for z in wanted:
-        if z not in known:
-            raise BadInputError(f"unknown zone {z!r}; allowed: {', '.join(known)}",
-                                field="--zones", value=z)
-    return wanted
 
 
 def _fmt(x: float | None, spec: str) -> str:

@@ -2,7 +2,7 @@
 
 from spotrun.db.engine import (  # noqa: F401
     DEFAULT_BUSY_TIMEOUT_S, database_missing, init_db, make_engine, open_db, open_settings_db,
-    session)
+    open_state_db, session)
 from spotrun.db.models import (  # noqa: F401
     SCHEMA_VERSION, Attempt, AttemptNode, Event, Job, LedgerMark, Meta, PricePoint, SpendEntry,
     UTCDateTime, new_job_id, utcnow)

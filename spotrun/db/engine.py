@@ -13,7 +13,7 @@ from sqlmodel import Session, create_engine
 
 from spotrun.db.faults import check_sqlite_file, database_error, remember, schema_lock, sqlite_path
 from spotrun.db.migrations import upgrade
-from spotrun.errors import ConfigError
+from spotrun.errors import ConfigError, NotFoundError
 
 DEFAULT_BUSY_TIMEOUT_S = 10.0   # settings.db_busy_timeout_s overrides it
 
@@ -107,6 +107,18 @@ def database_missing(settings: Any) -> bool:
     """True when the settings' SQLite database file does not exist yet (nothing to look up)."""
     path = sqlite_path(settings.database_url)
     return path is not None and not path.exists() and not path.is_dir()
+
+
+def open_state_db(settings: Any, job_ref: str | None = None) -> Engine:
+    """The state database for a verb (bounded waits from settings).
+
+    A verb that looks up job_ref on a home with no database yet finds nothing, and creates
+    nothing: bad input writes nothing.
+    """
+    if job_ref is not None and database_missing(settings):
+        raise NotFoundError(f"no such job {job_ref!r}", field="JOB", value=job_ref,
+                            hint="no job has been submitted to this database yet")
+    return open_settings_db(settings)
 
 
 def session(engine: Engine) -> Session:

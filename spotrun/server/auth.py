@@ -12,7 +12,7 @@ from typing import Callable
 from fastapi import Request
 
 from spotrun.errors import AuthError, ForbiddenError, SpotrunError, TooManyAttemptsError
-from spotrun.server import trail
+from spotrun.db import trail
 from spotrun.server.identity import Principal, authenticate, require
 
 

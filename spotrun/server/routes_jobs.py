@@ -10,7 +10,7 @@ from pydantic import BaseModel
 
 from spotrun.db import find_job, session
 from spotrun.errors import ForbiddenError, NotFoundError, SpotrunError
-from spotrun.server import trail
+from spotrun.db import trail
 from spotrun.server.auth import Caller, caller, denied, needs
 
 router = APIRouter()

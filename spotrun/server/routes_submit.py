@@ -20,7 +20,7 @@ from spotrun.bundle import check_bundle
 from spotrun.config import OWNER_RE, OWNER_RULE, Settings
 from spotrun.errors import BadInputError, ForbiddenError, SpotrunError, TooLargeError
 from spotrun.jobs import Submission, submit as submit_job, validate_spec_bytes
-from spotrun.server import trail
+from spotrun.db import trail
 from spotrun.server.auth import Caller, caller, denied, needs
 
 router = APIRouter()
@@ -130,7 +130,7 @@ async def submit(request: Request, dry_run: bool = False, owner: str | None = No
         target = str(head.get("spec_file") or "")
         sub = await run_in_threadpool(_validate, request, head, bundle, job_owner, folder)
         if dry_run:
-            from spotrun.cli.dryrun import dry_run_plan   # lazy: the decision's numpy
+            from spotrun.planning.plans import dry_run_plan   # lazy: the decision's numpy
             plan = await run_in_threadpool(dry_run_plan, sub, request.app.state.settings)
             return {"plan": plan, "warnings": list(sub.warnings)}
         target = sub.job_id
@@ -167,7 +167,7 @@ class PlanBody(BaseModel):
 @router.post("/plan")
 def plan(request: Request, body: PlanBody, who: Caller = Depends(caller)) -> Any:
     """`spotrun plan --json` (always a list); any role: it writes nothing."""
-    from spotrun.cli.plan import _naming, plan_json, plan_specs   # lazy: numpy
+    from spotrun.planning.plans import naming, plan_json, plan_specs   # lazy: numpy
     from spotrun.providers.facts import catalog_for
     from spotrun.spec import parse_spec_bytes
     from spotrun.zones import catalog_label, known_zones
@@ -183,5 +183,5 @@ def plan(request: Request, body: PlanBody, who: Caller = Depends(caller)) -> Any
                     instance_types=catalog.names(), zones=known_zones(settings),
                     catalog=catalog_label(settings), workdir=tmp)))
             except SpotrunError as exc:
-                raise _naming(exc, one.spec_file, several) from exc
+                raise naming(exc, one.spec_file, several) from exc
         return plan_json(plan_specs(settings, specs, body.zones, body.offline))

@@ -104,7 +104,7 @@ def test_dry_run_and_plan_go_through_the_server_and_write_nothing(team: Team) ->
     _one_line_exit_2(team.cli("vera", "plan", str(bad)), "no.such")
     assert _jobs(team) == {}
     assert not any(r["action"] == "submit" for r in
-                   __import__("spotrun.server.trail", fromlist=["x"]).trail_view(team.engine))
+                   __import__("spotrun.db.trail", fromlist=["x"]).trail_view(team.engine))
 
 
 def _raw_submit(team: Team, user: str, spec: str, bundle: bytes) -> httpx.Response:
