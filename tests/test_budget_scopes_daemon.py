@@ -227,3 +227,34 @@ def test_budgets_commit_the_stop_margin_the_daemons_spend_loop_keeps(rigs):
     [spend] = [s.loop for s in build_loops(rig.ctx) if isinstance(s.loop, SpendLoop)]
     assert spend.stop_margin_s == rig.scheduler.scopes.margin_s
     assert COMMIT_USD == pytest.approx(rig.scheduler.scopes.need_usd(PRICE, 1))
+
+
+def test_resuming_a_project_stopped_job_sends_no_job_budget_alert(rigs):
+    # The notify loop re-reads recent events (notify/events.py, OVERLAP_IDS): a resume
+    # clears the job's stop mark, so the alert must be read from the stop's event itself.
+    from spotrun.daemon.notify import NotifyLoop
+    rig = rigs('[budgets.project.ml]\nusd = 0.6\nperiod = "total"\n' + HOOK)
+    notify = NotifyLoop(rig.ctx, post=lambda url, body, headers, timeout: 503)
+    try:
+        notify.tick(rig.now())   # the first tick sets the events watermark
+        job = rig.submit("solo")
+        rig.tick()
+        rig.advance(300)
+        rig.book()
+        rig.tick()
+        wait_for(lambda: (rig.advance(5), rig.reconcile(),
+                          rig.jobs()[job].state is JobState.BUDGET_EXHAUSTED)[-1], 30,
+                 "the stop")
+        notify.tick(rig.now())
+        res = CliRunner().invoke(cli, ["resume", job], env={"SPOTRUN_HOME": str(rig.home)})
+        assert res.exit_code == 0, res.output
+        for _ in range(2):
+            notify.tick(rig.now())
+    finally:
+        notify.deliverer.close()
+    with session(rig.ctx.engine) as s:
+        sent = {(r.event_key, r.text) for r in s.exec(select(NotifyOutbox))
+                if r.job_id == job}
+    assert [k for k, _ in sent] == [f"budget_100:{job}:project:ml@total"], sent
+    [(_, text)] = sent
+    assert "budget project ml reached (total)" in text and "$None" not in text

@@ -28,6 +28,7 @@ from sqlalchemy import text
 from sqlmodel import select
 
 from spotrun.config import BudgetsSettings, scope_key
+from spotrun.budgets.marks import stop_mark
 from spotrun.budgets.standing import ScopeStanding, read_standing
 from spotrun.db import Job, add_event, session
 from spotrun.errors import SpotrunError
@@ -108,7 +109,7 @@ class ScopeGuard:
                         or j.cancel_requested:
                     continue
                 j.budget_stop_requested = True
-                j.budget_stop_scope = f"{st.key}@{st.window.key}"
+                j.budget_stop_scope = stop_mark(st.key, st.window.key)
                 j.updated_at = now
                 s.add(j)
                 add_event(s, j.id, "budget_stop_requested", st.stop_reason(), ts=now)

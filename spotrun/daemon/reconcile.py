@@ -32,6 +32,7 @@ from spotrun.spec import spec_from_dict
 from spotrun.states import (AttemptState, EndReason, InstanceState, JobState, TerminationCause,
                             move_attempt, move_job)
 from spotrun.daemon.nodes import is_multi, terminate_nodes
+from spotrun.budgets.marks import stop_phrase
 
 STOP_GRACE_S = 10.0
 LIVE = (AttemptState.LAUNCHING, AttemptState.RUNNING, AttemptState.TERMINATING)
@@ -180,7 +181,7 @@ class ReconcileLoop:
         elif reason is EndReason.BUDGET:
             move_job(job, JobState.BUDGET_EXHAUSTED)
             job.reason = "budget reached"
-            add_event(s, job.id, "budget_exhausted", job.reason)
+            add_event(s, job.id, "budget_exhausted", exhausted_detail(job))
         elif reason is EndReason.ERROR:
             job.error_restarts += 1
             limit = spec_from_dict(job.spec).policy.max_restarts_on_error
@@ -253,7 +254,7 @@ class ReconcileLoop:
                     j.reason = "budget reached"
                     j.updated_at = now
                     s.add(j)
-                    add_event(s, j.id, "budget_exhausted", j.reason)
+                    add_event(s, j.id, "budget_exhausted", exhausted_detail(j))
                     s.commit()
                     continue
             try:
@@ -289,6 +290,12 @@ class ReconcileLoop:
                     s.add(job)
                     add_event(s, job.id, "cancelled")
             s.commit()
+
+
+def exhausted_detail(job: Job) -> str:
+    """The `budget_exhausted` event's detail: which budget stopped the job, kept in the
+    history after a resume clears the job's mark (the alerts read it: notify/events.py)."""
+    return stop_phrase(job.budget_stop_scope) if job.budget_stop_scope else job.reason or ""
 
 
 def budget_stop_request(attempts: list[int]) -> bytes:

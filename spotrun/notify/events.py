@@ -17,6 +17,7 @@ from sqlalchemy import func
 from sqlmodel import Session, select
 
 from spotrun import layout
+from spotrun.budgets.marks import mark_of_phrase, stop_phrase
 from spotrun.db import Attempt, Event, Job, SpendEntry
 from spotrun.reports import Heartbeat, parse_report
 from spotrun.states import AttemptState
@@ -56,14 +57,18 @@ def from_events(s: Session, after_id: int) -> tuple[list[Alert], int]:
         job = s.get(Job, ev.job_id)
         if job is None:
             continue
-        if event == "budget_100" and job.budget_stop_scope:
+        # Which budget stopped it is read from the event: a resume has since cleared the
+        # job's mark (events older than a database kept the mark only: read it there).
+        mark = (mark_of_phrase(ev.detail) or job.budget_stop_scope) \
+            if event == "budget_100" else None
+        if mark:
             # A project or owner budget stopped it (spotrun.notify.scopes alerts the budget).
-            scope, _, period = job.budget_stop_scope.partition("@")
-            out.append(Alert(f"budget_100:{job.id}:{job.budget_stop_scope}", event, job.id,
-                             f"spotrun: job {job.id} stopped: budget "
-                             f"{scope.replace(':', ' ', 1)} reached ({period}): {ev.detail}"))
+            out.append(Alert(f"budget_100:{job.id}:{mark}", event, job.id,
+                             f"spotrun: job {job.id} stopped: {stop_phrase(mark)}"))
         elif event == "budget_100":
             budget = _budget_of(job)
+            if budget is None:
+                continue   # no budget of its own: not a job-budget stop to alert on
             out.append(Alert(f"budget_100:{job.id}:{budget}", event, job.id,
                              f"spotrun: job {job.id} stopped at its budget "
                              f"(${budget}): {ev.detail}"))

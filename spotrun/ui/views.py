@@ -26,6 +26,7 @@ from spotrun.audit.reclaims import RECLAIMED_EVENT, AttemptReports, ToMarket, at
 from spotrun.reports import ExitReport, Heartbeat, Notice, parse_report
 from spotrun.states import EndReason, JobState
 from spotrun.providers.timescale import WallToProvider, clock_info, provider_now, time_scale
+from spotrun.budgets.marks import stop_phrase
 from spotrun.budgets.standing import read_standing
 from spotrun.config import scope_key
 from spotrun.daemon.lease import live_holder, no_daemon_reason
@@ -191,8 +192,7 @@ def job_dict(job: Job, attempts: list[Attempt], *, reports: Reports | None = Non
 def _reason(job: Job) -> str | None:
     """The job's reason; a budget stop names the project or owner budget behind it."""
     if job.budget_stop_scope and job.reason == "budget reached":
-        key, _, period = job.budget_stop_scope.partition("@")
-        return f"budget {key.replace(':', ' ', 1)} reached ({period})"
+        return stop_phrase(job.budget_stop_scope)
     return job.reason
 
 
