@@ -258,3 +258,21 @@ def test_resuming_a_project_stopped_job_sends_no_job_budget_alert(rigs):
     assert [k for k, _ in sent] == [f"budget_100:{job}:project:ml@total"], sent
     [(_, text)] = sent
     assert "budget project ml reached (total)" in text and "$None" not in text
+
+
+def test_the_80_percent_alert_counts_the_commitments_so_it_comes_before_the_stop(rigs):
+    # The stop decision counts spent + committed; so does the 80 % alert: with a reserve
+    # larger than a fifth of the budget, spend alone is under 80 % when the scope stops.
+    budget = 2 * COMMIT_USD
+    rig = rigs(f'[budgets.project.ml]\nusd = {budget!r}\nperiod = "total"\n' + HOOK)
+    job = rig.submit("solo")
+    rig.tick()
+    rig.advance(1.3 * COMMIT_USD / PRICE * 3600)   # spent 1.3 reserves: 65 % of the budget
+    rig.book()
+    rig.tick()
+    assert rig.jobs()[job].budget_stop_requested
+    assert _spent(rig) < 0.8 * budget
+    with session(rig.ctx.engine) as s:
+        rows = [r.event for r in s.exec(select(NotifyOutbox).order_by(NotifyOutbox.id))
+                if r.job_id == "project:ml"]
+    assert rows == ["budget_80", "budget_100"], rows

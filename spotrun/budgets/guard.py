@@ -93,11 +93,11 @@ class ScopeGuard:
         with session(self.ctx.engine) as s:
             standing = read_standing(s, self.budgets.configured(), pnow, self.ctx.time_scale)
         self.standing = {st.key: st for st in standing}
+        self._alert(standing)   # before the stops: a scope's alerts precede its stop events
         for st in standing:
             if st.over and st.unflagged:
                 self._stop(st, now)
         self._requeue(now)
-        self._alert(standing)
 
     def _stop(self, st: ScopeStanding, now: datetime) -> None:
         """Ask the scope's running jobs to save and stop (the reconcile loop carries it out)."""
