@@ -33,8 +33,8 @@ from spotrun.states import (AttemptState, EndReason, InstanceState, JobState, Te
                             move_attempt, move_job)
 from spotrun.daemon.nodes import is_multi, terminate_nodes
 from spotrun.budgets.marks import stop_phrase
+from spotrun.ledger.stopmargin import STOP_GRACE_S, record_stop
 
-STOP_GRACE_S = 10.0
 LIVE = (AttemptState.LAUNCHING, AttemptState.RUNNING, AttemptState.TERMINATING)
 # Outcomes the job reached before anything the cloud did: they outrank a reclaim.
 _DECIDED = ("completed", "cancelled", "budget")
@@ -128,6 +128,8 @@ class ReconcileLoop:
             a.ended_at = info.ended_at or self.ctx.provider.now()
             a.detail = detail
             a.instance_cause = info.cause.value if info.cause else None
+            if reason is EndReason.BUDGET and not _multi(a):
+                record_stop(s, a, now)   # the stop margin follows what stops take
             # The final heartbeat may tell of save failures and steps no heartbeat pass saw
             # (a reclaim leaves no exit report: the last beat is the attempt's last word).
             final_beat = self._final_heartbeat(job, att)

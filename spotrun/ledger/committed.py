@@ -2,8 +2,9 @@
 
 The spend loop's notion, shared by job budgets (spotrun.daemon.spend) and project/owner
 budgets (spotrun.budgets): from the attempt's ledger watermark (else its launch) to now,
-plus `stop_margin_s` for the save and the terminate, at its last booked price (else the
-launch price), for every node. An intent not launched yet commits the margin alone.
+plus the stop margin for the save and the terminate (spotrun.ledger.stopmargin, which
+follows the stops measured), at its last booked price (else the launch price), for every
+node. An intent not launched yet commits the margin alone.
 """
 
 from __future__ import annotations
@@ -17,16 +18,6 @@ from sqlmodel import select
 from spotrun.db import Attempt, LedgerMark, SpendEntry
 from spotrun.ledger.intervals import seconds_between
 from spotrun.providers.billing_rules import SpendKind
-
-STOP_WALL_S = 3.0   # wall seconds from a budget stop request to the instance gone
-MIN_STOP_MARGIN_S = 900.0
-
-
-def stop_margin_s(time_scale: float) -> float:
-    """Provider seconds of spend a budget leaves for stopping a job (the daemon's spend loop
-    is built with it): 15 minutes, or the stop's wall seconds on an accelerated market."""
-    return max(MIN_STOP_MARGIN_S, STOP_WALL_S * time_scale)
-
 
 def launch_commitment_usd(price_usd_per_hour: float, nodes: int, margin_s: float) -> float:
     """What a launch commits the moment its intent is written: the stop margin, every node."""
