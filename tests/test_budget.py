@@ -11,7 +11,8 @@ from spotrun.daemon.spend import SpendLoop
 from spotrun.db import Attempt, Event, Job, session
 from spotrun.errors import BadInputError
 from spotrun.ledger.budget import budget_check, job_budget_usd, raise_budget
-from spotrun.ledger.stopmargin import StopMargin
+from spotrun.config import load_settings
+from spotrun.ledger.stopmargin import StopMargin, stop_margin_for
 from spotrun.states import EndReason
 
 from test_ledger_support import (P3, ZONE, PriceFeed, at, end_attempt, make_attempt, make_job,
@@ -102,6 +103,20 @@ def test_raise_budget_validates_and_clears_the_stop(tmp_path):
         assert job.budget_usd == 5.0 and not job.budget_stop_requested
         assert job_budget_usd(job) == 5.0
         assert budget_check(s, job, at(62), 4.0).allowed
+
+
+@pytest.mark.parametrize("provider, terminate_wall_s", [("local", 5.0), ("aws", 120.0)])
+def test_the_prior_is_the_longest_stop_the_daemon_allows(tmp_path, provider, terminate_wall_s):
+    # Before any stop is measured, a job that never saves must still fit: the reconcile loop
+    # takes the request up within a tick (1 s), waits out its 20 s save window, terminates
+    # at the next tick (1 s), and the provider takes its stated terminate time.
+    settings = load_settings(str(tmp_path), {"provider": provider})
+    rule = stop_margin_for(settings)
+    assert rule.prior_wall_s == 1.0 + 20.0 + 1.0 + terminate_wall_s
+    assert rule.check_wall_s == 5.0
+    eng = new_db(tmp_path)
+    with session(eng) as s:   # nothing measured: the prior, over the 60 s floor at x1 on AWS
+        assert rule.seconds(s) == max(60.0, rule.time_scale * (5.0 + rule.prior_wall_s))
 
 
 def test_the_stop_margin_follows_the_stops_measured(tmp_path):

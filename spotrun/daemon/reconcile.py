@@ -33,7 +33,7 @@ from spotrun.states import (AttemptState, EndReason, InstanceState, JobState, Te
                             move_attempt, move_job)
 from spotrun.daemon.nodes import is_multi, terminate_nodes
 from spotrun.budgets.marks import stop_phrase
-from spotrun.ledger.stopmargin import STOP_GRACE_S, record_stop
+from spotrun.ledger.stopmargin import SAVE_WINDOW_S, record_stop
 
 LIVE = (AttemptState.LAUNCHING, AttemptState.RUNNING, AttemptState.TERMINATING)
 # Outcomes the job reached before anything the cloud did: they outrank a reclaim.
@@ -264,8 +264,9 @@ class ReconcileLoop:
                     layout.control_key(job.id), budget_stop_request([a.number for a in live]))
             except StoreError as exc:
                 self.ctx.log.warning("budget_control_write_failed", job=job.id, error=str(exc))
-            # The agent saves, then stops the job within its grace; after that we terminate.
-            grace_s = 2 * STOP_GRACE_S
+            # The agent saves, then stops the job within its grace; after that we terminate
+            # (the stop margin's prior counts on this window: spotrun.ledger.stopmargin).
+            grace_s = SAVE_WINDOW_S
             for a in live:
                 if a.state is AttemptState.TERMINATING or (a.instance_id is None
                                                            and not _multi(a)):

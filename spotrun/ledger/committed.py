@@ -18,6 +18,8 @@ from sqlmodel import select
 from spotrun.db import Attempt, LedgerMark, SpendEntry
 from spotrun.ledger.intervals import seconds_between
 from spotrun.providers.billing_rules import SpendKind
+from spotrun.states import AttemptState
+
 
 def launch_commitment_usd(price_usd_per_hour: float, nodes: int, margin_s: float) -> float:
     """What a launch commits the moment its intent is written: the stop margin, every node."""
@@ -51,4 +53,20 @@ def committed_by_attempt(s: Any, attempts: Sequence[Attempt], now: datetime,
         unbooked_s = max(seconds_between(since, now), 0.0) if since is not None else 0.0
         price = prices.get(a.id, a.price_usd_per_hour)
         out[a.id] = (unbooked_s + margin_s) / 3600.0 * price * max(a.nodes or 1, 1)
+    return out
+
+
+def committed_by_job(s: Any, job_ids: Sequence[str], now: datetime,
+                     margin_s: float) -> dict[str, float]:
+    """Per job id: what its attempts with an instance running commit (what a job budget's
+    stop counts on top of the spend), in three queries whatever the number of jobs."""
+    if not job_ids:
+        return {}
+    running = list(s.exec(select(Attempt).where(
+        Attempt.job_id.in_(list(job_ids)), Attempt.state != AttemptState.ENDED,
+        Attempt.started_at.is_not(None), Attempt.ended_at.is_(None))))
+    per = committed_by_attempt(s, running, now, margin_s)
+    out: dict[str, float] = {}
+    for a in running:
+        out[a.job_id] = out.get(a.job_id, 0.0) + per.get(a.id, 0.0)
     return out

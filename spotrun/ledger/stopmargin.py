@@ -7,7 +7,11 @@ room, per node, at the job's price (spotrun.ledger.committed). It follows what a
   `budget_stop_requested` event) to the reconcile loop seeing the instance gone, kept on
   the attempt (`Attempt.budget_stop_wall_s`, `record_stop`);
 - the stop time is the longest of the last `RECENT_STOPS` measured; before any, the
-  provider's stated terminate time (`ProviderFacts.terminate_wall_s`);
+  longest stop the daemon allows (`prior_stop_wall_s`): the reconcile loop's save window
+  (`SAVE_WINDOW_S`: it terminates an instance that has not stopped by then), a reconcile
+  tick before the window opens and one after it closes, then the provider's stated
+  terminate time (`ProviderFacts.terminate_wall_s`). A budget is never overrun: until a
+  stop is measured, the margin must cover a job that never saves and has to be terminated;
 - to it comes one check interval of the daemon (the longer of the spend and schedule
   loops'): a crossing is seen at the next check, not the moment it happens;
 - wall seconds become provider seconds at the market's time scale (x60: a 4 s stop is 240
@@ -31,9 +35,11 @@ from spotrun.db import Attempt, Event
 from spotrun.providers.facts import facts_for, rules_for
 
 RECENT_STOPS = 20     # measured stops the margin follows (the longest of them)
+STOP_GRACE_S = 10.0   # the agent's own SIGTERM-to-SIGKILL grace (AgentConfig.stop_grace_s)
 # The reconcile loop terminates a budget-stopped instance that has not stopped by itself
-# 2 x STOP_GRACE_S wall seconds after asking it to save (spotrun/daemon/reconcile.py).
-STOP_GRACE_S = 10.0
+# this many wall seconds after asking it to save (spotrun/daemon/reconcile.py): the save,
+# then the agent's grace for the job to exit.
+SAVE_WINDOW_S = 2 * STOP_GRACE_S
 
 
 @dataclass(frozen=True)
@@ -65,9 +71,18 @@ def stop_margin_for(settings: Any) -> StopMargin:
     facts = facts_for(settings)
     d = settings.daemon
     return StopMargin(time_scale=facts.time_scale(settings),
-                      prior_wall_s=facts.terminate_wall_s(settings),
+                      prior_wall_s=prior_stop_wall_s(d.reconcile_interval_s,
+                                                     facts.terminate_wall_s(settings)),
                       check_wall_s=max(d.spend_interval_s, d.schedule_interval_s),
                       floor_s=rules_for(settings.provider).minimum_s)
+
+
+def prior_stop_wall_s(reconcile_interval_s: float, terminate_wall_s: float) -> float:
+    """The longest stop the daemon allows, wall seconds from the stop request to the
+    instance gone: the request is taken up at the next reconcile tick, the instance is
+    terminated at the first tick past the save window, and the provider takes its stated
+    terminate time to stop it."""
+    return reconcile_interval_s + SAVE_WINDOW_S + reconcile_interval_s + terminate_wall_s
 
 
 def recent_stops_wall_s(s: Any) -> list[float]:
