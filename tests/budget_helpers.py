@@ -24,7 +24,7 @@ from spotrun.daemon.scheduler import SchedulerLoop
 from spotrun.daemon.spend import SpendLoop
 from spotrun.db import Attempt, Event, Job, session
 from spotrun.jobs import submit, validate_submission
-from spotrun.ledger.committed import stop_margin_s
+from spotrun.ledger.stopmargin import stop_margin_for
 from spotrun.providers.local.market import server as market_server
 from spotrun.providers.local.market.client import MarketClient
 from spotrun.providers.local.market.clock import ManualClock
@@ -36,8 +36,12 @@ from spotrun.states import AttemptState
 TYPE = "p3.2xlarge"
 ZONES = ("za", "zb", "zc")
 PRICE = 2.0            # spot USD/h in every zone, all day
-# What one launch commits: the stop margin (15 provider minutes at scale 1) at PRICE.
-COMMIT_USD = stop_margin_s(1.0) / 3600.0 * PRICE
+# What one launch commits: the stop margin at PRICE. At scale 1 with the default 5 s spend
+# check, the market's stated 5 s terminate (and the ~25 s stops measured here: the stand-in
+# never saves, so the reconcile loop terminates it after its 20 s grace) stay under the
+# floor: 60 billed seconds, the local market's (EC2's) minimum.
+MARGIN_S = 60.0
+COMMIT_USD = MARGIN_S / 3600.0 * PRICE
 
 
 class Clock:
@@ -63,13 +67,13 @@ class BudgetRig:
     """A home whose spotrun.toml holds `extra_toml` (budgets, notify), a market, and loops."""
 
     def __init__(self, root: Path, instance_command: str, start: datetime, extra_toml: str,
-                 ) -> None:
+                 price: float = PRICE) -> None:
         root.mkdir(parents=True, exist_ok=True)
         home = root / "home"
         home.mkdir()
         trace = write_trace(root / "trace.csv", {z: [1] * 6 for z in ZONES}, 60.0)
         prices = write_prices(root / "prices.csv",
-                              [(z, k, PRICE) for k in range(6) for z in ZONES])
+                              [(z, k, price) for k in range(6) for z in ZONES])
         self.wall = ManualClock(start_s=start.timestamp())
         opts = MarketOptions(trace=str(trace), prices=str(prices), instance_type=TYPE,
                              time_scale=1.0, notice_s=0.0, instance_command=instance_command,
@@ -86,7 +90,7 @@ class BudgetRig:
         self.ctx = self.context()
         self.scheduler = SchedulerLoop(self.ctx)
         self.spender = SpendLoop(self.ctx.engine, self.ctx.provider, storage_interval_s=1e9,
-                                 stop_margin_s=stop_margin_s(1.0))
+                                 stop_margin=stop_margin_for(self.settings))
         self.reconciler = ReconcileLoop(self.ctx)
 
     def context(self) -> Any:

@@ -8,9 +8,11 @@ import pytest
 from sqlmodel import select
 
 from spotrun.daemon.spend import SpendLoop
-from spotrun.db import Event, Job, session
+from spotrun.db import Attempt, Event, Job, session
 from spotrun.errors import BadInputError
 from spotrun.ledger.budget import budget_check, job_budget_usd, raise_budget
+from spotrun.config import load_settings
+from spotrun.ledger.stopmargin import StopMargin, stop_margin_for
 from spotrun.states import EndReason
 
 from test_ledger_support import (P3, ZONE, PriceFeed, at, end_attempt, make_attempt, make_job,
@@ -27,7 +29,7 @@ def test_small_budget_stops_before_passing_it(tmp_path):
     feed.set_prices(P3, ZONE, [(at(-60), 0.90)])
     make_job(eng, budget_usd=1.00)
     a = make_attempt(eng, "job-1", 1, start=at(0))
-    loop = SpendLoop(eng, feed, storage_interval_s=1e9, stop_margin_s=900)
+    loop = SpendLoop(eng, feed, storage_interval_s=1e9, stop_margin=StopMargin.fixed(900))
     flagged_at = None
     for m in range(5, 125, 5):
         feed.clock = at(m)
@@ -101,3 +103,38 @@ def test_raise_budget_validates_and_clears_the_stop(tmp_path):
         assert job.budget_usd == 5.0 and not job.budget_stop_requested
         assert job_budget_usd(job) == 5.0
         assert budget_check(s, job, at(62), 4.0).allowed
+
+
+@pytest.mark.parametrize("provider, terminate_wall_s", [("local", 5.0), ("aws", 120.0)])
+def test_the_prior_is_the_longest_stop_the_daemon_allows(tmp_path, provider, terminate_wall_s):
+    # Before any stop is measured, a job that never saves must still fit: the reconcile loop
+    # takes the request up within a tick (1 s), waits out its 20 s save window, terminates
+    # at the next tick (1 s), and the provider takes its stated terminate time.
+    settings = load_settings(str(tmp_path), {"provider": provider})
+    rule = stop_margin_for(settings)
+    assert rule.prior_wall_s == 1.0 + 20.0 + 1.0 + terminate_wall_s
+    assert rule.check_wall_s == 5.0
+    eng = new_db(tmp_path)
+    with session(eng) as s:   # nothing measured: the prior, over the 60 s floor at x1 on AWS
+        assert rule.seconds(s) == max(60.0, rule.time_scale * (5.0 + rule.prior_wall_s))
+
+
+def test_the_stop_margin_follows_the_stops_measured(tmp_path):
+    # Before any stop is measured: the provider's stated terminate time (5 wall s) and one
+    # check interval (5 s), at x60: 600 market seconds. Then the longest stop measured.
+    eng = new_db(tmp_path)
+    rule = StopMargin(time_scale=60.0, prior_wall_s=5.0, check_wall_s=5.0, floor_s=60.0)
+    with session(eng) as s:
+        assert rule.seconds(s) == 600.0
+    make_job(eng, "j1")
+    for n, stop_wall_s in enumerate((12.0, 3.0), start=1):
+        make_attempt(eng, "j1", n, start=at(0), end=at(60), reason=EndReason.BUDGET)
+        with session(eng) as s:
+            a = s.exec(select(Attempt).where(Attempt.number == n)).one()
+            a.budget_stop_wall_s = stop_wall_s
+            s.add(a)
+            s.commit()
+    with session(eng) as s:
+        assert rule.seconds(s) == (5.0 + 12.0) * 60.0
+    # The floor: a provider's minimum billed seconds (EC2's 60 s), whatever was measured.
+    assert StopMargin(time_scale=1.0, check_wall_s=5.0, floor_s=60.0).of_stop(3.0) == 60.0

@@ -5,12 +5,13 @@ Two submitter processes put jobs in at the same time through the product's submi
 then two schedulers, each with a daemon context (and database engine) of its own, run
 their passes at the same moment on two threads, again and again, against the real local
 market. A launch commits the stop margin at the spot price ($0.50, budget_helpers): a
-$2.00 budget holds four, whichever pass writes them. PostgreSQL is started as
+budget holding four commitments keeps four, whichever pass writes them. PostgreSQL is started as
 tests/test_postgres.py starts it, and the case is skipped where it cannot be.
 """
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import threading
@@ -21,17 +22,17 @@ from typing import Callable, Iterator
 import pytest
 from sqlmodel import select
 
-from budget_helpers import COMMIT_USD, BudgetRig
+from budget_helpers import COMMIT_USD, MARGIN_S, BudgetRig
 from spotrun.daemon.live_decision import placement_for
 from spotrun.daemon.scheduler import SchedulerLoop
 from spotrun.decide import MAX_CANDIDATES
 from spotrun.db import Attempt, Job, session
-from spotrun.ledger.committed import launch_commitment_usd, stop_margin_s
+from spotrun.ledger.committed import launch_commitment_usd
 from spotrun.spec import job_spec
 from spotrun.states import AttemptState, JobState
 from test_postgres import pg_db, pg_url  # noqa: F401  (fixtures)
 
-BUDGET_USD = 2.0
+BUDGET_USD = round(4.5 * COMMIT_USD, 4)   # room for four launches' commitments
 PER_SUBMITTER = 5
 SUBMITTER = r'''
 import sys
@@ -94,7 +95,7 @@ def live_commitment(rig: BudgetRig) -> tuple[list[Attempt], float]:
     """The attempts not ended, and what their launches committed in all (USD)."""
     with session(rig.ctx.engine) as s:
         live = list(s.exec(select(Attempt).where(Attempt.state != AttemptState.ENDED)))
-    return live, sum(launch_commitment_usd(a.price_usd_per_hour, a.nodes, stop_margin_s(1.0))
+    return live, sum(launch_commitment_usd(a.price_usd_per_hour, a.nodes, MARGIN_S)
                      for a in live)
 
 
@@ -103,14 +104,17 @@ def test_racing_submitters_and_passes_never_pass_the_budget(db_url, rig: BudgetR
     home = tmp_path / "rig" / "home"
     env_db = {"SPOTRUN_DB_URL": db_url} if db_url else {}
     spec = tmp_path / "race.yaml"
-    # Each job's own cap fits the budget: submit accepts them all; the launches race.
+    # Jobs without a cap of their own (a cap must hold one checkpoint interval's spend,
+    # more than this budget): submit accepts them all; the launches race.
     spec.write_text("name: race\ncommand: 'true'\nproject: race\n"
                     "resources: {instance_types: [p3.2xlarge]}\n"
                     "work: {reference_hours: 1.0, reference_instance: p3.2xlarge}\n"
-                    "policy: {market: spot, budget_usd: 1.5}\n")
+                    "policy: {market: spot}\n")
     script = tmp_path / "submitter.py"
     script.write_text(SUBMITTER)
-    env = {"PATH": "/usr/bin:/bin", "SPOTRUN_HOME": str(home), **env_db}
+    # The submitters import the spotrun this test runs (PYTHONPATH: a worktree's).
+    env = {"PATH": "/usr/bin:/bin", "SPOTRUN_HOME": str(home), **env_db,
+           **{k: v for k, v in os.environ.items() if k == "PYTHONPATH"}}
     submitters = [subprocess.Popen([sys.executable, str(script), str(spec),
                                     str(PER_SUBMITTER)], env=env, stderr=subprocess.PIPE,
                                    text=True) for _ in range(2)]
@@ -140,8 +144,8 @@ def test_racing_submitters_and_passes_never_pass_the_budget(db_url, rig: BudgetR
 
 def test_launch_intents_written_at_the_same_moment_hold_the_budget(rig: BudgetRig):
     # The unit of the guarantee: eight launches reach their intent's transaction together,
-    # each from a scheduler (and database engine) of its own, every one having read $2.00
-    # left at the start of its pass. The budget check inside the transaction lets four in.
+    # each from a scheduler (and database engine) of its own, every one having read the whole
+    # budget left at the start of its pass. The budget check inside the transaction lets four in.
     n = 8
     ids = [rig.submit(f"r{k}", project="race") for k in range(n)]
     loops = [SchedulerLoop(rig.context()) for _ in range(n)]

@@ -19,6 +19,7 @@ from spotrun.config import BudgetsSettings, ScopeBudget
 from spotrun.budgets.periods import window
 from spotrun.budgets.standing import read_standing
 from spotrun.budgets.submit import os_user
+from spotrun.ledger.stopmargin import StopMargin
 from spotrun.cli import cli
 from spotrun.daemon.spend import SpendLoop
 from spotrun.db import Attempt, Job, SpendEntry, open_db, session
@@ -32,7 +33,7 @@ from spotrun.states import AttemptState, EndReason, JobState, Market
 from test_ledger_support import P3, ZONE, PriceFeed, make_attempt, make_job, new_db
 from test_migrations import V1_SQL
 
-REAL_TIME = 1.0   # a real-time provider: the stop margin is its 900 s minimum
+MARGIN = StopMargin.fixed(900.0)   # 15 minutes: round figures (no stop measured here)
 UTC = timezone.utc
 
 
@@ -114,9 +115,9 @@ def test_spent_counts_what_falls_in_the_period_and_commitments_count_once(tmp_pa
     budgets = _budgets(project={"ml": (10.0, "day")}, owner={"alice": (10.0, "week")})
     with session(eng) as s:
         rows = list(s.exec(select(SpendEntry).where(SpendEntry.job_id == "j1")))
-        st = {b.key: b for b in read_standing(s, budgets.configured(), _t(2, 1), REAL_TIME)}
+        st = {b.key: b for b in read_standing(s, budgets.configured(), _t(2, 1), MARGIN)}
         total = {b.key: b for b in read_standing(
-            s, _budgets(project={"ml": (10.0, "total")}).configured(), _t(2, 1), REAL_TIME)}
+            s, _budgets(project={"ml": (10.0, "total")}).configured(), _t(2, 1), MARGIN)}
     assert [(r.start, r.end) for r in rows if r.kind == "compute"] == [(_t(1, 23), _t(2, 1))]
     ml, alice = st["project:ml"], st["owner:alice"]
     assert ml.window.key == "2030-01-02" and alice.window.key == "2030-W01"
@@ -247,7 +248,7 @@ def test_alerts_once_per_budget_and_period(tmp_path):
 
     def queue(alerts: ScopeAlerts, at: datetime) -> None:
         with session(eng) as s:
-            standing = read_standing(s, budgets.configured(), at, REAL_TIME)
+            standing = read_standing(s, budgets.configured(), at, MARGIN)
         alerts.queue(standing)
 
     def rows() -> list[tuple[str, str]]:

@@ -196,8 +196,8 @@ def test_a_budget_stop_terminates_every_node_after_the_grace(tmp_home: Path, tmp
     from spotrun.daemon import reconcile
     from spotrun.db import Job
     # The stand-ins ignore control.json, so the daemon waits out the whole stop grace
-    # (2 x STOP_GRACE_S, 20 s by default) before it terminates: 2 s is as good a grace here.
-    monkeypatch.setattr(reconcile, "STOP_GRACE_S", 1.0)
+    # (SAVE_WINDOW_S, 20 s) before it terminates: 2 s is as good a window here.
+    monkeypatch.setattr(reconcile, "SAVE_WINDOW_S", 2.0)
     with node_rig(tmp_home, tmp_path, "2") as (ctx, runner, job_id):
         _run_until(runner, lambda: _all_beating(ctx, job_id, 1, 2), "2 nodes beating")
         with session(ctx.engine) as s:   # what the spend loop sets when the budget is near

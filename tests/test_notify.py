@@ -14,6 +14,7 @@ from spotrun.daemon.notify import NotifyLoop
 from spotrun.daemon.spend import SpendLoop
 from spotrun.db import Job, add_event, open_db, session
 from spotrun.errors import ConfigError
+from spotrun.ledger.stopmargin import stop_margin_for
 from spotrun.notify.routes import parse_notify
 from spotrun.db.outbox import NotifyOutbox
 from spotrun.states import EndReason, JobState
@@ -92,6 +93,34 @@ def test_each_alert_reaches_its_webhooks_once_with_retries(tmp_home, receiver):
     assert len(rows) == 3 and all(r.delivered_at is not None for r in rows)
 
 
+def test_a_job_budget_warns_on_spent_plus_committed_as_its_stop_counts(tmp_home, receiver):
+    # Nothing booked yet: a running attempt's unbooked seconds and the stop margin are what
+    # the job-budget stop counts, so the 80 % alert must count them too (it came after the
+    # stop when it counted the ledger's spend alone).
+    settings = _settings(tmp_home, receiver)
+    loop = _loop(tmp_home, settings)
+    eng = loop.ctx.engine
+    make_job(eng, "job-r", state=JobState.RUNNING, budget_usd=2.0)
+    loop.tick(at(0))   # first pass: only the watermark
+    make_attempt(eng, "job-r", 1, start=at(0), price=0.9)
+    with session(eng) as s:
+        margin_usd = stop_margin_for(settings).seconds(s) / 3600 * 0.9
+    loop.ctx.provider.clock = at(80)   # 80 minutes at $0.90/h unbooked
+    used = 1.2 + margin_usd
+    assert 1.6 <= used < 2.0
+    _drain(loop)
+    [text] = receiver.texts("/me", "budget")
+    assert f"job job-r has used ${used:.2f} of its $2 budget ({used / 2 * 100:.0f}%: " \
+        f"$0.00 spent + ${used:.2f} committed)" in text
+    loop.ctx.provider.clock = at(120)   # $1.80 unbooked + the margin: past the budget
+    _drain(loop)
+    assert len(receiver.texts("/me", "budget")) == 2
+    assert "job job-r has used" in receiver.texts("/me", "budget")[1]
+    with session(eng) as s:
+        keys = [r.event_key for r in s.exec(select(NotifyOutbox).order_by(NotifyOutbox.id))]
+    assert list(dict.fromkeys(keys)) == ["budget_80:job-r:2.0", "budget_100:job-r:2.0"]
+
+
 def test_a_dead_webhook_never_blocks_the_tick(tmp_home, receiver):
     settings = _settings(tmp_home, receiver, "timeout_s = 5.0\n")
     loop = _loop(tmp_home, settings)
@@ -129,7 +158,7 @@ def test_failed_job_and_budget_crossing_reach_the_receiver_once_across_sigkill(
         tmp_home, tmp_path, receiver):
     trace = write_trace(tmp_path / "t.csv", {"za": [1] * 400}, tick_s=600.0)
     toml = FAST_TOML.format(trace=trace, scale=600.0, hb_timeout=60.0, lease_ttl=2.0)
-    toml = toml.replace("notice_s = 120.0", "spot_price_usd_per_hour = 30.0")
+    toml = toml.replace("notice_s = 120.0", "spot_price_usd_per_hour = 12.0")
     (tmp_home / "spotrun.toml").write_text(
         toml + "\n[notify]\n" f'webhooks = ["test={receiver.url()}"]\n'
         "interval_s = 0.3\nretry_attempts = 2\nretry_base_s = 0.01\nretry_max_s = 0.05\n")
@@ -140,8 +169,9 @@ def test_failed_job_and_budget_crossing_reach_the_receiver_once_across_sigkill(
     fail.write_text(f"name: fails\ncommand: {sys.executable} train.py\nworkdir: {code}\n"
                     "env: {WORKLOAD_FAIL: '1'}\nwork: {total_steps: 100}\n"
                     "policy: {market: spot, max_restarts_on_error: 0}\n")
-    # $30/h at x600 is $5 a wall second: 80% of $100 comes after about 16 s, well before
-    # the budget stop (which keeps a margin of a stop's spend).
+    # $12/h at x600 is $2 a wall second; a running job commits the stop margin's prior (25.9
+    # wall s: $51.80, spotrun.ledger.stopmargin) on top of its spend: 80% of $100 (spent plus
+    # committed) comes after about 14 s, the budget stop after about 24 s.
     spend = tmp_path / "spend.yaml"
     spend.write_text(f"name: spends\ncommand: {sys.executable} train.py\nworkdir: {code}\n"
                      "work: {total_steps: 100000}\npolicy: {market: spot, budget_usd: 100}\n")
@@ -159,7 +189,7 @@ def test_failed_job_and_budget_crossing_reach_the_receiver_once_across_sigkill(
         daemon.kill()
         receiver.refuse = lambda text: False
         daemon = DaemonProc(tmp_home, tmp_path / "daemon.log")
-        wait_for(lambda: receiver.texts(containing=f"{spend_id} has spent"), 120,
+        wait_for(lambda: receiver.texts(containing=f"{spend_id} has used"), 120,
                  "the budget alert after the restart")
         wait_for(lambda: _state(engine, spend_id).is_terminal(), 120, "the budget stop")
         wait_for(lambda: _all_delivered(engine), 60, "every alert delivered")

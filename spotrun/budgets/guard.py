@@ -28,10 +28,12 @@ from sqlalchemy import text
 from sqlmodel import select
 
 from spotrun.config import BudgetsSettings, scope_key
+from spotrun.budgets.marks import stop_mark
 from spotrun.budgets.standing import ScopeStanding, read_standing
 from spotrun.db import Job, add_event, session
 from spotrun.errors import SpotrunError
-from spotrun.ledger.committed import launch_commitment_usd, stop_margin_s
+from spotrun.ledger.committed import launch_commitment_usd
+from spotrun.ledger.stopmargin import stop_margin_for
 from spotrun.states import JobState, move_job
 from spotrun.notify.routes import parse_notify
 from spotrun.notify.scopes import ScopeAlerts
@@ -55,16 +57,13 @@ class ScopeGuard:
         self.ctx = ctx
         self.standing: dict[str, ScopeStanding] = {}
         self._alerts: Any = None
+        self.margin = stop_margin_for(ctx.settings)
+        self.margin_s = self.margin.of_stop(self.margin.prior_wall_s)   # read again each pass
 
     @property
     def budgets(self) -> BudgetsSettings:
         """The daemon's `[budgets]` (read each pass)."""
         return self.ctx.settings.budgets
-
-    @property
-    def margin_s(self) -> float:
-        """The stop margin committed spend leaves room for (the spend loop's)."""
-        return stop_margin_s(self.ctx.time_scale)
 
     def need_usd(self, price_usd_per_hour: float, nodes: int) -> float:
         """What a launch at this price commits."""
@@ -90,13 +89,14 @@ class ScopeGuard:
         if pnow is None:
             return   # the launches check for themselves (check_in), and wait
         with session(self.ctx.engine) as s:
-            standing = read_standing(s, self.budgets.configured(), pnow, self.ctx.time_scale)
+            self.margin_s = self.margin.seconds(s)
+            standing = read_standing(s, self.budgets.configured(), pnow, self.margin)
         self.standing = {st.key: st for st in standing}
+        self._alert(standing)   # before the stops: a scope's alerts precede its stop events
         for st in standing:
             if st.over and st.unflagged:
                 self._stop(st, now)
         self._requeue(now)
-        self._alert(standing)
 
     def _stop(self, st: ScopeStanding, now: datetime) -> None:
         """Ask the scope's running jobs to save and stop (the reconcile loop carries it out)."""
@@ -108,7 +108,7 @@ class ScopeGuard:
                         or j.cancel_requested:
                     continue
                 j.budget_stop_requested = True
-                j.budget_stop_scope = f"{st.key}@{st.window.key}"
+                j.budget_stop_scope = stop_mark(st.key, st.window.key)
                 j.updated_at = now
                 s.add(j)
                 add_event(s, j.id, "budget_stop_requested", st.stop_reason(), ts=now)
@@ -178,8 +178,9 @@ class ScopeGuard:
             return (f"budget {scope} {name}: cannot be checked now (the provider's clock "
                     f"cannot be read); the launch waits")
         lock_scopes(s, [scope_key(sc, n) for sc, n, _ in mine])
+        self.margin_s = self.margin.seconds(s)
         need = self.need_usd(price_usd_per_hour, nodes)
-        for st in read_standing(s, mine, pnow, self.ctx.time_scale):
+        for st in read_standing(s, mine, pnow, self.margin):
             if not st.fits(need):
                 return st.wait_reason(need)
         return None

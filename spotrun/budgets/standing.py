@@ -27,7 +27,8 @@ from sqlmodel import select
 from spotrun.config import ScopeBudget, scope_key
 from spotrun.budgets.periods import Window, window
 from spotrun.db import Attempt, Job, SpendEntry
-from spotrun.ledger.committed import committed_by_attempt, stop_margin_s
+from spotrun.ledger.committed import committed_by_attempt
+from spotrun.ledger.stopmargin import StopMargin
 from spotrun.states import AttemptState
 
 Pair = tuple[str, str]     # (project, owner)
@@ -147,14 +148,14 @@ def live_by_pair(s: Any, scoped: Any, now: datetime, margin_s: float
 
 
 def read_standing(s: Any, chosen: Iterable[tuple[str, str, ScopeBudget]], now: datetime,
-                  time_scale: float) -> list[ScopeStanding]:
+                  margin: StopMargin) -> list[ScopeStanding]:
     """The standing of the chosen budgets (`BudgetsSettings.configured()`, or some of them)
-    at provider time `now`; committed spend leaves the stop margin of this time scale."""
+    at provider time `now`; committed spend leaves the stop margin (`margin.seconds`)."""
     chosen = list(chosen)
     if not chosen:
         return []
     scoped = _scoped(chosen)
-    committed, live = live_by_pair(s, scoped, now, stop_margin_s(time_scale))
+    committed, live = live_by_pair(s, scoped, now, margin.seconds(s))
     windows = {b.period: window(b.period, now) for _, _, b in chosen}
     spent = {p: spend_by_pair(s, w, scoped) for p, w in windows.items()}
     out = []

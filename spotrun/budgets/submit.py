@@ -9,7 +9,8 @@ from spotrun.config import OWNER_RE, OWNER_RULE, UNKNOWN_OWNER
 from spotrun.errors import BadInputError
 from spotrun.budgets.standing import EPSILON_USD, read_standing, usd
 from spotrun.db import session
-from spotrun.providers.timescale import provider_now, time_scale
+from spotrun.ledger.stopmargin import stop_margin_for
+from spotrun.providers.timescale import provider_now
 
 
 def os_user() -> str:
@@ -44,7 +45,7 @@ def refuse_unfit(settings: Any, engine: Any, project: str, owner: str,
     if cap_usd is None or not budgets:
         return
     with session(engine) as s:
-        standing = read_standing(s, budgets, provider_now(settings), time_scale(settings))
+        standing = read_standing(s, budgets, provider_now(settings), stop_margin_for(settings))
     for st in standing:
         if cap_usd > st.left_usd + EPSILON_USD:
             raise BadInputError(

@@ -20,7 +20,7 @@ from spotrun.daemon.price_loop import PriceLoop
 from spotrun.daemon.spend import SpendLoop
 from spotrun.daemon.scheduler import SchedulerLoop
 from spotrun.db import open_settings_db
-from spotrun.ledger.committed import stop_margin_s
+from spotrun.ledger.stopmargin import stop_margin_for
 from spotrun.providers import make_provider
 from spotrun.providers.base import Provider
 from spotrun.store import open_store
@@ -68,11 +68,10 @@ def build_loops(ctx: DaemonContext, *, bounded: bool = False) -> list[Scheduled]
              Scheduled(NodeLoop(ctx), d.schedule_interval_s),
              Scheduled(OrphanLoop(ctx), d.orphan_interval_s)]
     volume_gb = facts_for(ctx.settings).billed_volume_gb(ctx.settings)
-    # Stopping a job takes a few wall seconds (save, stop, notice); on an accelerated market
-    # that is `time_scale` times more provider seconds of spend to leave room for.
-    scale = ctx.time_scale
+    # Stopping a job takes the wall seconds stops were measured to take (save, stop); on an
+    # accelerated market that is `time_scale` times more provider seconds of spend.
     loops.append(Scheduled(SpendLoop(ctx.engine, ctx.provider, volume_gb=volume_gb,
-                                     stop_margin_s=stop_margin_s(scale)),
+                                     stop_margin=stop_margin_for(ctx.settings)),
                            d.spend_interval_s))
     loops.append(Scheduled(PriceLoop(ctx.engine, ctx.provider), d.price_interval_s))
     loops.append(Scheduled(NotifyLoop(ctx), ctx.settings.notify.interval_s))

@@ -16,6 +16,7 @@ from sqlmodel import func, select
 
 from spotrun.daemon.context import DaemonContext
 from spotrun.db import Event, Meta, session, utcnow
+from spotrun.ledger.stopmargin import stop_margin_for
 from spotrun.notify import events as ev
 from spotrun.notify.routes import parse_notify
 from spotrun.notify.deliver import Deliverer, Post
@@ -32,6 +33,7 @@ class NotifyLoop:
     def __init__(self, ctx: DaemonContext, post: Post | None = None) -> None:
         self.ctx = ctx
         self.config = parse_notify(ctx.settings)
+        self.margin = stop_margin_for(ctx.settings)   # the budget alerts count what stops count
         self.deliverer = Deliverer(ctx.engine, self.config.webhooks, ctx.settings, post)
 
     def tick(self, now: datetime) -> int:
@@ -43,12 +45,15 @@ class NotifyLoop:
 
     def _alerts(self, s, after: int) -> tuple[list[ev.Alert], int]:
         found, mark = ev.from_events(s, after)
-        found += ev.from_budgets(s, self.ctx.settings.notify.budget_warn_fraction)
         try:
-            found += ev.from_deadlines(s, self.ctx.provider.now(),
-                                       self.ctx.settings.daemon.policy_changeover_s)
+            # Both read the provider's clock; committed spend is read on it, as the budget
+            # stop reads it.
+            pnow = self.ctx.provider.now()
+            found += ev.from_budgets(s, self.ctx.settings.notify.budget_warn_fraction, pnow,
+                                     self.margin.seconds(s))
+            found += ev.from_deadlines(s, pnow, self.ctx.settings.daemon.policy_changeover_s)
         except Exception as exc:   # the provider's clock may be down; try next tick
-            self.ctx.log.warning("notify_deadline_check_failed", error=str(exc)[:300])
+            self.ctx.log.warning("notify_budget_deadline_check_failed", error=str(exc)[:300])
         found += ev.from_heartbeats(s, self.ctx.store_for)
         return found, mark
 

@@ -32,8 +32,9 @@ from spotrun.spec import spec_from_dict
 from spotrun.states import (AttemptState, EndReason, InstanceState, JobState, TerminationCause,
                             move_attempt, move_job)
 from spotrun.daemon.nodes import is_multi, terminate_nodes
+from spotrun.budgets.marks import stop_phrase
+from spotrun.ledger.stopmargin import SAVE_WINDOW_S, record_stop
 
-STOP_GRACE_S = 10.0
 LIVE = (AttemptState.LAUNCHING, AttemptState.RUNNING, AttemptState.TERMINATING)
 # Outcomes the job reached before anything the cloud did: they outrank a reclaim.
 _DECIDED = ("completed", "cancelled", "budget")
@@ -127,6 +128,8 @@ class ReconcileLoop:
             a.ended_at = info.ended_at or self.ctx.provider.now()
             a.detail = detail
             a.instance_cause = info.cause.value if info.cause else None
+            if reason is EndReason.BUDGET and not _multi(a):
+                record_stop(s, a, now)   # the stop margin follows what stops take
             # The final heartbeat may tell of save failures and steps no heartbeat pass saw
             # (a reclaim leaves no exit report: the last beat is the attempt's last word).
             final_beat = self._final_heartbeat(job, att)
@@ -180,7 +183,7 @@ class ReconcileLoop:
         elif reason is EndReason.BUDGET:
             move_job(job, JobState.BUDGET_EXHAUSTED)
             job.reason = "budget reached"
-            add_event(s, job.id, "budget_exhausted", job.reason)
+            add_event(s, job.id, "budget_exhausted", exhausted_detail(job))
         elif reason is EndReason.ERROR:
             job.error_restarts += 1
             limit = spec_from_dict(job.spec).policy.max_restarts_on_error
@@ -253,7 +256,7 @@ class ReconcileLoop:
                     j.reason = "budget reached"
                     j.updated_at = now
                     s.add(j)
-                    add_event(s, j.id, "budget_exhausted", j.reason)
+                    add_event(s, j.id, "budget_exhausted", exhausted_detail(j))
                     s.commit()
                     continue
             try:
@@ -261,8 +264,9 @@ class ReconcileLoop:
                     layout.control_key(job.id), budget_stop_request([a.number for a in live]))
             except StoreError as exc:
                 self.ctx.log.warning("budget_control_write_failed", job=job.id, error=str(exc))
-            # The agent saves, then stops the job within its grace; after that we terminate.
-            grace_s = 2 * STOP_GRACE_S
+            # The agent saves, then stops the job within its grace; after that we terminate
+            # (the stop margin's prior counts on this window: spotrun.ledger.stopmargin).
+            grace_s = SAVE_WINDOW_S
             for a in live:
                 if a.state is AttemptState.TERMINATING or (a.instance_id is None
                                                            and not _multi(a)):
@@ -289,6 +293,12 @@ class ReconcileLoop:
                     s.add(job)
                     add_event(s, job.id, "cancelled")
             s.commit()
+
+
+def exhausted_detail(job: Job) -> str:
+    """The `budget_exhausted` event's detail: which budget stopped the job, kept in the
+    history after a resume clears the job's mark (the alerts read it: notify/events.py)."""
+    return stop_phrase(job.budget_stop_scope) if job.budget_stop_scope else job.reason or ""
 
 
 def budget_stop_request(attempts: list[int]) -> bytes:

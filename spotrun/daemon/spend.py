@@ -25,6 +25,7 @@ from spotrun.ledger.booking import BookingConflict, book_attempt, instance_times
 from spotrun.ledger.budget import budget_check, job_budget_usd, request_budget_stop
 from spotrun.ledger.committed import committed_by_attempt
 from spotrun.ledger.intervals import seconds_between
+from spotrun.ledger.stopmargin import StopMargin
 from spotrun.providers.billing_rules import BillingRules
 from spotrun.providers.facts import rules_for
 from spotrun.ledger.storage import StoreOpener, book_storage, measure_job_storage, storage_key
@@ -53,7 +54,7 @@ class SpendLoop:
     def __init__(self, engine: Engine, provider: Provider, *, rules: BillingRules | None = None,
                  store_opener: StoreOpener = open_store, volume_gb: float = 0.0,
                  min_book_s: float = 60.0, storage_interval_s: float = 600.0,
-                 stop_margin_s: float = 900.0, log: Any = None) -> None:
+                 stop_margin: StopMargin | None = None, log: Any = None) -> None:
         self.engine = engine
         self.provider = provider
         self.rules = rules or rules_for(provider.name)
@@ -61,7 +62,8 @@ class SpendLoop:
         self.volume_gb = volume_gb
         self.min_book_s = min_book_s                 # provider seconds between running bookings
         self.storage_interval_s = storage_interval_s  # provider seconds between store listings
-        self.stop_margin_s = stop_margin_s           # provider seconds to checkpoint and stop
+        # Provider seconds to checkpoint and stop, read each check (it follows measured stops).
+        self.stop_margin = stop_margin or StopMargin()
         self.log = log or structlog.get_logger("spotrun.daemon.spend")
 
     def tick(self, now: datetime | None = None) -> SpendTick:
@@ -268,7 +270,7 @@ class SpendLoop:
         stopped (spotrun.ledger.committed, shared with project and owner budgets), read in
         two queries whatever the number of jobs."""
         per = committed_by_attempt(s, [a for atts in by_job.values() for a in atts], pnow,
-                                   self.stop_margin_s)
+                                   self.stop_margin.seconds(s))
         return {job_id: sum(per.get(a.id, 0.0) for a in atts) for job_id, atts in by_job.items()}
 
 

@@ -56,6 +56,11 @@ def _attempt_nodes(conn: Connection) -> None:
     AttemptNode.__table__.create(conn, checkfirst=True)
 
 
+def _measured_stops(conn: Connection) -> None:
+    """Version 7: the stop margin follows measured budget stops; `Attempt.budget_stop_wall_s`
+    comes generically (old attempts: not measured)."""
+
+
 def _owners_and_projects(conn: Connection) -> None:
     """Version 6: budgets per project and owner. The columns come generically, old rows
     reading their defaults (owner "unknown", project "default"); their indexes here."""
@@ -79,6 +84,7 @@ STEPS: list[Step] = [
     Step(6, "owner and project on jobs (budgets per project and owner)",
          _owners_and_projects),
     Step(7, "team server: users, API tokens, action trail", _team_server),
+    Step(8, "measured budget stops on attempts (the stop margin)", _measured_stops),
 ]
 LATEST = max(s.version for s in STEPS)
 

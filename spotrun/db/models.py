@@ -110,6 +110,9 @@ class Attempt(SQLModel, table=True):
     gpus: int = 1                       # GPUs the job uses on this instance (SPOTRUN_GPUS)
     checkpoint_interval_s: float | None = None  # chosen at launch, provider-clock seconds
     stop_requested_at: datetime | None = Field(default=None, sa_type=UTCDateTime)  # wall clock
+    # A budget stop: wall seconds from the job's stop request to its instance seen gone
+    # (the stop margin follows them: spotrun.ledger.stopmargin).
+    budget_stop_wall_s: float | None = None
     last_heartbeat_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
     notice_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
     running_at: datetime | None = Field(default=None, sa_type=UTCDateTime)  # provider clock:

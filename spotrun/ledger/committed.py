@@ -2,8 +2,9 @@
 
 The spend loop's notion, shared by job budgets (spotrun.daemon.spend) and project/owner
 budgets (spotrun.budgets): from the attempt's ledger watermark (else its launch) to now,
-plus `stop_margin_s` for the save and the terminate, at its last booked price (else the
-launch price), for every node. An intent not launched yet commits the margin alone.
+plus the stop margin for the save and the terminate (spotrun.ledger.stopmargin, which
+follows the stops measured), at its last booked price (else the launch price), for every
+node. An intent not launched yet commits the margin alone.
 """
 
 from __future__ import annotations
@@ -17,15 +18,7 @@ from sqlmodel import select
 from spotrun.db import Attempt, LedgerMark, SpendEntry
 from spotrun.ledger.intervals import seconds_between
 from spotrun.providers.billing_rules import SpendKind
-
-STOP_WALL_S = 3.0   # wall seconds from a budget stop request to the instance gone
-MIN_STOP_MARGIN_S = 900.0
-
-
-def stop_margin_s(time_scale: float) -> float:
-    """Provider seconds of spend a budget leaves for stopping a job (the daemon's spend loop
-    is built with it): 15 minutes, or the stop's wall seconds on an accelerated market."""
-    return max(MIN_STOP_MARGIN_S, STOP_WALL_S * time_scale)
+from spotrun.states import AttemptState
 
 
 def launch_commitment_usd(price_usd_per_hour: float, nodes: int, margin_s: float) -> float:
@@ -60,4 +53,20 @@ def committed_by_attempt(s: Any, attempts: Sequence[Attempt], now: datetime,
         unbooked_s = max(seconds_between(since, now), 0.0) if since is not None else 0.0
         price = prices.get(a.id, a.price_usd_per_hour)
         out[a.id] = (unbooked_s + margin_s) / 3600.0 * price * max(a.nodes or 1, 1)
+    return out
+
+
+def committed_by_job(s: Any, job_ids: Sequence[str], now: datetime,
+                     margin_s: float) -> dict[str, float]:
+    """Per job id: what its attempts with an instance running commit (what a job budget's
+    stop counts on top of the spend), in three queries whatever the number of jobs."""
+    if not job_ids:
+        return {}
+    running = list(s.exec(select(Attempt).where(
+        Attempt.job_id.in_(list(job_ids)), Attempt.state != AttemptState.ENDED,
+        Attempt.started_at.is_not(None), Attempt.ended_at.is_(None))))
+    per = committed_by_attempt(s, running, now, margin_s)
+    out: dict[str, float] = {}
+    for a in running:
+        out[a.job_id] = out.get(a.job_id, 0.0) + per.get(a.id, 0.0)
     return out

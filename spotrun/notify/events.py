@@ -1,10 +1,11 @@
 """Which alerts the database calls for now; each has a key that makes it happen once.
 
 Sources: job events (failed, succeeded, attempt_reclaimed, budget_exhausted and
-`checkpoint_save_failed*`) after a watermark; the ledger against each active job's budget
-(`budget_warn_fraction`, then 100%); the policy's slack for deadline jobs (at risk when
-even on-demand from now would finish after the deadline: `JobProgress.slack_s < 0`); and
-running attempts' heartbeats (`checkpoint_failures` > 0).
+`checkpoint_save_failed*`) after a watermark; each active job's spent plus committed
+against its budget (`budget_warn_fraction`, then 100%: what the job-budget stop counts);
+the policy's slack for deadline jobs (at risk when even on-demand from now would finish
+after the deadline: `JobProgress.slack_s < 0`); and running attempts' heartbeats
+(`checkpoint_failures` > 0).
 """
 
 from __future__ import annotations
@@ -17,7 +18,9 @@ from sqlalchemy import func
 from sqlmodel import Session, select
 
 from spotrun import layout
+from spotrun.budgets.marks import mark_of_phrase, stop_phrase
 from spotrun.db import Attempt, Event, Job, SpendEntry
+from spotrun.ledger.committed import committed_by_job
 from spotrun.reports import Heartbeat, parse_report
 from spotrun.states import AttemptState
 from spotrun.decide.policy import JobProgress
@@ -56,14 +59,18 @@ def from_events(s: Session, after_id: int) -> tuple[list[Alert], int]:
         job = s.get(Job, ev.job_id)
         if job is None:
             continue
-        if event == "budget_100" and job.budget_stop_scope:
+        # Which budget stopped it is read from the event: a resume has since cleared the
+        # job's mark (events older than a database kept the mark only: read it there).
+        mark = (mark_of_phrase(ev.detail) or job.budget_stop_scope) \
+            if event == "budget_100" else None
+        if mark:
             # A project or owner budget stopped it (spotrun.notify.scopes alerts the budget).
-            scope, _, period = job.budget_stop_scope.partition("@")
-            out.append(Alert(f"budget_100:{job.id}:{job.budget_stop_scope}", event, job.id,
-                             f"spotrun: job {job.id} stopped: budget "
-                             f"{scope.replace(':', ' ', 1)} reached ({period}): {ev.detail}"))
+            out.append(Alert(f"budget_100:{job.id}:{mark}", event, job.id,
+                             f"spotrun: job {job.id} stopped: {stop_phrase(mark)}"))
         elif event == "budget_100":
             budget = _budget_of(job)
+            if budget is None:
+                continue   # no budget of its own: not a job-budget stop to alert on
             out.append(Alert(f"budget_100:{job.id}:{budget}", event, job.id,
                              f"spotrun: job {job.id} stopped at its budget "
                              f"(${budget}): {ev.detail}"))
@@ -82,21 +89,29 @@ def from_events(s: Session, after_id: int) -> tuple[list[Alert], int]:
     return out, max([after_id] + [ev.id for ev in rows if ev.id is not None])
 
 
-def from_budgets(s: Session, warn_fraction: float) -> list[Alert]:
-    """Budget crossings of active jobs (ledger spend against the job's budget)."""
+def from_budgets(s: Session, warn_fraction: float, now: datetime,
+                 margin_s: float) -> list[Alert]:
+    """Budget crossings of active jobs: spent plus committed (what the job-budget stop
+    counts, spotrun.ledger.committed, at provider time `now`) against the job's budget."""
+    budgets = {job.id: budget for job in s.exec(select(Job))
+               if not job.state.is_terminal() and (budget := _budget_of(job)) and budget > 0}
+    if not budgets:
+        return []
     spend = {jid: usd for jid, usd in s.exec(select(SpendEntry.job_id, func.sum(SpendEntry.usd))
+                                             .where(SpendEntry.job_id.in_(list(budgets)))
                                              .group_by(SpendEntry.job_id))}
+    committed = committed_by_job(s, list(budgets), now, margin_s)
     out = []
-    for job in s.exec(select(Job)):
-        budget = _budget_of(job)
-        if budget is None or budget <= 0 or job.state.is_terminal():
-            continue
-        spent = float(spend.get(job.id) or 0.0)
-        for frac, event in ((1.0, "budget_100"), (warn_fraction, "budget_80")):
-            if spent >= frac * budget:
-                out.append(Alert(f"{event}:{job.id}:{budget}", event, job.id,
-                                 f"spotrun: job {job.id} has spent ${spent:.2f} of its "
-                                 f"${budget:g} budget ({spent / budget * 100:.0f}%)"))
+    for job_id, budget in budgets.items():
+        spent = float(spend.get(job_id) or 0.0)
+        used = spent + committed.get(job_id, 0.0)
+        # The 80 % one is listed first: the outbox holds it before the 100 % one.
+        for frac, event in ((warn_fraction, "budget_80"), (1.0, "budget_100")):
+            if used >= frac * budget:
+                out.append(Alert(f"{event}:{job_id}:{budget}", event, job_id,
+                                 f"spotrun: job {job_id} has used ${used:.2f} of its "
+                                 f"${budget:g} budget ({used / budget * 100:.0f}%: "
+                                 f"${spent:.2f} spent + ${used - spent:.2f} committed)"))
     return out
 
 

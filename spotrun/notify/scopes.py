@@ -6,7 +6,8 @@ names the budget, its amount and its period (`budget_80:project:ml:2030-01:2000`
 outbox's unique key makes it happen once, whichever daemon or restart finds it first. The
 notify loop delivers the rows like any other (spotrun.notify.deliver).
 
-- `budget_80`: the ledger's spend this period reaches `[notify] budget_warn_fraction`;
+- `budget_80`: spend plus what the running jobs have committed reaches `[notify]
+  budget_warn_fraction` of the budget (what the stop counts: it always comes first);
 - `budget_100`: spend plus what the running jobs have committed reaches the budget: the
   point where spotrun stops the scope's running jobs and holds its launches.
 """
@@ -28,15 +29,18 @@ def scope_alerts(standing: Iterable[Any], warn_fraction: float) -> list[Alert]:
     out = []
     for st in standing:
         tag = f"{st.key}:{st.window.key}:{st.budget_usd:g}"
+        # What the stop counts (spent + committed), so a scope never stops before its 80 %
+        # alert; the 80 % one is listed first, so the outbox holds it first.
         used = st.spent_usd + st.committed_usd
+        if used >= warn_fraction * st.budget_usd:
+            out.append(Alert(f"budget_80:{tag}", "budget_80", st.key,
+                             f"spotrun: budget {st.scope} {st.name} has used "
+                             f"{used / st.budget_usd * 100:.0f}% (spent + committed): "
+                             f"{st.figures()}"))
         if used >= st.budget_usd:
             out.append(Alert(f"budget_100:{tag}", "budget_100", st.key,
                              f"spotrun: {st.stop_reason()}; its running jobs save and stop, "
                              f"its launches wait for the next period or a raised budget"))
-        if st.spent_usd >= warn_fraction * st.budget_usd:
-            out.append(Alert(f"budget_80:{tag}", "budget_80", st.key,
-                             f"spotrun: budget {st.scope} {st.name} has spent "
-                             f"{st.spent_usd / st.budget_usd * 100:.0f}%: {st.figures()}"))
     return out
 
 

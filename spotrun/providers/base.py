@@ -282,6 +282,9 @@ class ProviderFacts:
     # prior chance that a reclaim brings one the job can use, before the job's own record.
     # The defaults are a provider that gives no notice.
     notice_window_s: Callable[[Any], float] = lambda st: 0.0
+    # The provider's stated time for an instance asked to stop to be gone, wall seconds: the
+    # budget stop margin's prior before a stop is measured (spotrun.ledger.stopmargin).
+    terminate_wall_s: Callable[[Any], float] = lambda st: 120.0
     notice_prior: float = 0.0
     # After an interruption notice in a spot pool (type + zone), or a reclaim without one, no
     # launch goes there for this many provider-clock seconds: the cloud is taking capacity

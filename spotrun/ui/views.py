@@ -26,7 +26,9 @@ from spotrun.audit.reclaims import RECLAIMED_EVENT, AttemptReports, ToMarket, at
 from spotrun.reports import ExitReport, Heartbeat, Notice, parse_report
 from spotrun.states import EndReason, JobState
 from spotrun.providers.timescale import WallToProvider, clock_info, provider_now, time_scale
+from spotrun.budgets.marks import stop_phrase
 from spotrun.budgets.standing import read_standing
+from spotrun.ledger.stopmargin import stop_margin_for
 from spotrun.config import scope_key
 from spotrun.daemon.lease import live_holder, no_daemon_reason
 from spotrun.store import open_store
@@ -191,8 +193,7 @@ def job_dict(job: Job, attempts: list[Attempt], *, reports: Reports | None = Non
 def _reason(job: Job) -> str | None:
     """The job's reason; a budget stop names the project or owner budget behind it."""
     if job.budget_stop_scope and job.reason == "budget reached":
-        key, _, period = job.budget_stop_scope.partition("@")
-        return f"budget {key.replace(':', ' ', 1)} reached ({period})"
+        return stop_phrase(job.budget_stop_scope)
     return job.reason
 
 
@@ -290,7 +291,7 @@ def budgets_view(settings: Any, *, engine: Any = None, now: datetime | None = No
     engine = engine or open_settings_db(settings)
     with session(engine) as s:
         standing = read_standing(s, settings.budgets.configured(),
-                                 now or provider_now(settings), time_scale(settings))
+                                 now or provider_now(settings), stop_margin_for(settings))
         waiting = Counter(_scope_hits(settings, s.exec(
             select(Job.project, Job.owner).where(Job.state.in_(WAITS_FOR_DAEMON)))))
         stopped = Counter(mark.partition("@")[0] for mark in s.exec(

@@ -66,6 +66,9 @@ FACTS = ProviderFacts(
     # "Spot Instance interruption notices"). AWS publishes no rate of missed notices: 0.9 says
     # "usually", and the job's own reclaims correct it (costmodel/notice_loss.py).
     notice_window_s=lambda st: 120.0, notice_prior=0.9,
+    # The same two minutes are what EC2 gives a spot instance to save and be gone: the
+    # budget stop margin's prior until stops are measured.
+    terminate_wall_s=lambda st: 120.0,
     # A notice closes its pool to launches for 720 s: the 120 s notice up to the reclaim, then
     # 600 s in which a pool's reclaims come in clusters. In the 4-node p3.2xlarge trace (real
     # reclaims of running instances, 5-minute rows) an instance alive in a zone at the row

@@ -72,6 +72,9 @@ FACTS = ProviderFacts(
     # no rate of missed notices. 0.95: the soft-off reaches a running guest unless it is
     # hung (an estimate; the job's own reclaims correct it, costmodel/notice_loss.py).
     notice_window_s=lambda st: PREEMPTION_WINDOW_S, notice_prior=0.95,
+    # The same 30 s are what Compute Engine gives a VM to shut down: the budget stop
+    # margin's prior until stops are measured.
+    terminate_wall_s=lambda st: PREEMPTION_WINDOW_S,
     # A preemption closes its pool to launches for its 30 s window plus the 600 s in which
     # reclaims cluster in a pool on AWS (aws/__init__.py): no GCP trace was found, so the
     # cluster's length is AWS's, an estimate. Not the 30 s alone: a shorter notice says

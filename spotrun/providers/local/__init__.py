@@ -54,6 +54,11 @@ def _agent_extras(settings: Any) -> dict[str, Any]:
             "notice_time_scale": MarketOptions.from_settings(settings).notice_rate()}
 
 
+def _terminate_wall_s(settings: Any) -> float:
+    from spotrun.providers.local.market.options import MarketOptions  # lazy: cheap facts
+    return float(MarketOptions.from_settings(settings).grace_s)
+
+
 def _make(settings: Any, **kw: Any) -> Any:
     from spotrun.providers.local.provider import LocalProvider  # lazy: cheap facts
     return LocalProvider.from_settings(settings, **kw)
@@ -72,6 +77,9 @@ FACTS = ProviderFacts(
     # The market posts a notice `local.notice_s` before every reclaim, except one asked for
     # with `spotrun interrupt --notice-s 0` or one that comes sooner after launch than that.
     notice_window_s=lambda st: float(st.local.notice_s), notice_prior=0.99,
+    # A terminated instance gets SIGTERM, then SIGKILL after the market's grace (wall
+    # seconds): the budget stop margin's prior until stops are measured.
+    terminate_wall_s=_terminate_wall_s,
     # The market replays AWS traces with AWS's 2-minute notice: AWS's quarantine, in market
     # seconds (aws/__init__.py).
     notice_quarantine_s=720.0,
