@@ -169,6 +169,11 @@ class ServerSettings:
     # a bigger one is refused, naming this key, before anything is written.
     max_bundle_mb: Annotated[float, Strict(), Field(gt=0, allow_inf_nan=False,
                                                     description="a number > 0 (MB)")] = 512.0
+    # How long a dashboard login lasts (from the login, not from the last click): then the
+    # browser is sent back to the login page.
+    session_hours: Annotated[float, Strict(), Field(gt=0, le=720, allow_inf_nan=False,
+                                                    description="a number of hours in (0, 720]")
+                             ] = 12.0
 
 
 # ---------------------------------------------------------------- [budgets]

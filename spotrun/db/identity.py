@@ -53,3 +53,18 @@ class TrailEntry(SQLModel, table=True):
     remote_addr: str = ""
     outcome: str                                # ok | denied | error
     detail: str = ""                            # never a token (spotrun.server.redact)
+
+
+class WebSession(SQLModel, table=True):
+    """A dashboard login (spotrun.server.sessions): the cookie holds a random id, this row
+    only its SHA-256, so reading the database gives no one a session."""
+
+    __tablename__ = "web_session"
+
+    id_sha256: str = Field(primary_key=True)
+    user: str = Field(index=True)
+    token_id: str                               # the token pasted at login: revoking it ends this
+    csrf: str                                   # the token the session's forms carry
+    created_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
+    expires_at: datetime = Field(sa_type=UTCDateTime, index=True)
+    remote_addr: str = ""

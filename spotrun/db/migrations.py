@@ -18,7 +18,7 @@ from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import DBAPIError
 from sqlmodel import Session, SQLModel
 
-from spotrun.db.identity import ApiToken, TeamUser, TrailEntry   # the team server's tables
+from spotrun.db.identity import ApiToken, TeamUser, TrailEntry, WebSession   # team server's
 from spotrun.db.models import AttemptNode, Job, Meta
 from spotrun.db.outbox import NotifyOutbox   # its table is part of the schema
 from spotrun.errors import ConfigError
@@ -75,6 +75,11 @@ def _team_server(conn: Connection) -> None:
         model.__table__.create(conn, checkfirst=True)
 
 
+def _web_sessions(conn: Connection) -> None:
+    """Version 8: the dashboard's login sessions on the team server (spotrun.db.identity)."""
+    WebSession.__table__.create(conn, checkfirst=True)
+
+
 STEPS: list[Step] = [
     Step(2, "columns added after v1 (budget stop, checkpoint figures, running_at, ...)",
          _columns_added_by_helpers),
@@ -85,6 +90,7 @@ STEPS: list[Step] = [
          _owners_and_projects),
     Step(7, "team server: users, API tokens, action trail", _team_server),
     Step(8, "measured budget stops on attempts (the stop margin)", _measured_stops),
+    Step(9, "team server: dashboard login sessions", _web_sessions),
 ]
 LATEST = max(s.version for s in STEPS)
 

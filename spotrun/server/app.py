@@ -1,5 +1,6 @@
 """The team server's FastAPI app: the state database behind token auth (docs/server.md).
 
+The dashboard (spotrun.server.web) is served beside the API, behind a login.
 Every body is what the matching `spotrun ... --json` prints (the same views build it); an
 error is `{"error", "field", "hint"}` with the status its SpotrunError names.
 """
@@ -25,6 +26,7 @@ from spotrun.server.routes_jobs import router as jobs_router
 from spotrun.server.routes_reads import router as reads_router
 from spotrun.server.routes_stream import router as stream_router
 from spotrun.server.routes_submit import router as submit_router
+from spotrun.server.web import router as web_router
 
 
 class SpotrunJSON(JSONResponse):
@@ -81,4 +83,5 @@ def create_app(settings: Settings, *, engine: Any = None, limiter: Limiter | Non
     app.include_router(reads_router, prefix="/api/v1")
     app.include_router(submit_router, prefix="/api/v1")
     app.include_router(stream_router, prefix="/api/v1")
+    app.include_router(web_router)   # last: its catch-all serves the dashboard's table
     return app

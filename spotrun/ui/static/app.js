@@ -1,6 +1,7 @@
-// spotrun dashboard: reads /api/status, /api/audit, /api/budgets and /api/page/<id> (the CLI's --json views).
+// spotrun dashboard: reads /api/status, /api/audit, /api/budgets and /api/page/<id> (the CLI's --json views);
+// on the team server also /api/session (who is logged in) and, for admins, /api/trail.
 "use strict";
-window.spotrun = { spendChart: null, page: null };
+window.spotrun = { spendChart: null, page: null, session: undefined };
 const POLL_MS = 2000;
 const $ = (html) => { const t = document.createElement("template"); t.innerHTML = html.trim(); return t.content; };
 const esc = (s) => String(s ?? "").replace(/[&<>"']/g, (c) => ({"&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;"}[c]));
@@ -25,8 +26,34 @@ const terminal = (st) => ["succeeded", "failed", "cancelled", "budget_exhausted"
 
 async function getJSON(url) {
   const r = await fetch(url, { credentials: "same-origin" });
+  // The team server's session ended (logout elsewhere, expiry, revoked token): log in again.
+  if (r.status === 401 && window.spotrun.session) {
+    location.assign("/login?next=" + encodeURIComponent(location.pathname));
+  }
   if (!r.ok) throw new Error(url + ": " + r.status);
   return r.json();
+}
+
+// Who is logged in, and the logout form with its CSRF token; null under `spotrun ui` (no login there).
+async function sessionBar() {
+  const r = await fetch("/api/session", { credentials: "same-origin" });
+  if (!r.ok) return null;
+  const s = await r.json();
+  const logout = s.csrf ? `<form method="post" action="/logout" class="logout" id="logout">
+    <input type="hidden" name="csrf" value="${esc(s.csrf)}"><button type="submit" id="logout-button">log out</button></form>` : "";
+  document.querySelector("header").append($(`${logout}<span id="who" class="dim">${esc(s.user)} (${esc(s.role)})</span>`));
+  return s;
+}
+
+// The action trail's newest rows, newest first (admins on the team server).
+function trailTable(rows) {
+  const body = rows.slice(-50).reverse().map((t) => `<tr data-trail="${t.id}"><td class="l mono">${esc(String(t.at).slice(0, 19))}</td>
+    <td class="l">${esc(t.user || "-")}</td><td class="l">${esc(t.action)}</td><td class="l">${esc(t.target)}</td>
+    <td class="l state-${t.outcome === "ok" ? "succeeded" : "failed"}">${esc(t.outcome)}</td><td class="l">${esc(t.remote_addr)}</td>
+    <td class="l wrap">${esc(t.detail)}</td></tr>`).join("");
+  return `<h1>action trail</h1><table id="trail"><thead><tr><th class="l">at (UTC)</th><th class="l">user</th>
+    <th class="l">action</th><th class="l">target</th><th class="l">outcome</th><th class="l">from</th><th class="l">detail</th>
+    </tr></thead><tbody>${body}</tbody></table>`;
 }
 
 function setClock(clock) {
@@ -53,8 +80,9 @@ function budgetTable(budgets) {
 }
 
 async function jobList() {
-  const [jobs, audits, budgets] = await Promise.all([getJSON("/api/status"), getJSON("/api/audit"),
-                                                      getJSON("/api/budgets")]);
+  const admin = window.spotrun.session && window.spotrun.session.role === "admin";
+  const [jobs, audits, budgets, trail] = await Promise.all([getJSON("/api/status"), getJSON("/api/audit"),
+    getJSON("/api/budgets"), admin ? getJSON("/api/trail") : null]);
   const byId = Object.fromEntries(audits.map((a) => [a.id, a]));
   if (jobs.length) setClock(jobs[0].clock);
   const rows = jobs.map((j) => {
@@ -76,7 +104,7 @@ async function jobList() {
     <th class="l">owner</th><th>progress</th>
     <th>spend $</th><th>baseline $</th><th>saved $</th><th>reclaims</th>
     <th>deadline left</th><th>budget left $</th></tr></thead><tbody>${rows}</tbody></table>
-    ${jobs.length ? "" : '<p class="dim">no jobs yet: spotrun submit job.yaml</p>'}`));
+    ${jobs.length ? "" : '<p class="dim">no jobs yet: spotrun submit job.yaml</p>'}${trail ? trailTable(trail) : ""}`));
   document.getElementById("live").textContent = "· updated " + new Date().toLocaleTimeString();
   return !jobs.every((j) => terminal(j.state));
 }
@@ -206,7 +234,10 @@ async function main() {
   const m = location.pathname.match(/^\/job\/([^/]+)$/);
   const view = m ? () => jobPage(decodeURIComponent(m[1])) : jobList;
   let again = true;
-  try { again = await view(); } catch (e) {
+  try {
+    if (window.spotrun.session === undefined) window.spotrun.session = await sessionBar();
+    again = await view();
+  } catch (e) {
     document.getElementById("app").replaceChildren($(`<p class="state-failed">${esc(e.message)}</p>`));
   }
   document.body.dataset.ready = "1";
