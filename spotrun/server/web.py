@@ -19,7 +19,8 @@ from fastapi.responses import RedirectResponse, Response
 from starlette.concurrency import run_in_threadpool
 
 from spotrun.errors import AuthError, TooManyAttemptsError
-from spotrun.server import sessions, trail
+from spotrun.db import trail
+from spotrun.server import sessions
 from spotrun.server.auth import Caller, Limiter, caller, needs, remote_addr
 from spotrun.server.identity import Principal, authenticate
 from spotrun.server.sessions import COOKIE, LOGIN_CSRF_COOKIE, WebLogin
