@@ -28,6 +28,7 @@ from sqlalchemy import text
 from sqlmodel import select
 
 from spotrun.config import BudgetsSettings, scope_key
+from spotrun.budgets.source import effective_budgets
 from spotrun.budgets.standing import ScopeStanding, read_standing
 from spotrun.db import Job, add_event, session
 from spotrun.errors import SpotrunError
@@ -55,11 +56,13 @@ class ScopeGuard:
         self.ctx = ctx
         self.standing: dict[str, ScopeStanding] = {}
         self._alerts: Any = None
+        self._budgets: BudgetsSettings = ctx.settings.budgets
 
     @property
     def budgets(self) -> BudgetsSettings:
-        """The daemon's `[budgets]` (read each pass)."""
-        return self.ctx.settings.budgets
+        """The budgets in force this pass: `[budgets]` with the database's over them
+        (spotrun.budgets.source, read once per pass: `budgets set` needs no restart)."""
+        return self._budgets
 
     @property
     def margin_s(self) -> float:
@@ -84,7 +87,9 @@ class ScopeGuard:
     def pass_start(self, now: datetime) -> None:
         """Read the budgets' figures once; stop, requeue and alert as they say."""
         self.standing = {}
+        self._budgets = effective_budgets(self.ctx.settings, self.ctx.engine)
         if not self.budgets.configured():
+            self._requeue(now)   # the last budget removed: the jobs it stopped go back
             return
         pnow = self._provider_now()
         if pnow is None:

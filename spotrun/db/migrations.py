@@ -18,6 +18,7 @@ from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import DBAPIError
 from sqlmodel import Session, SQLModel
 
+from spotrun.db.budget_rows import BudgetRow   # budgets set through `spotrun budgets set`
 from spotrun.db.identity import ApiToken, TeamUser, TrailEntry   # the team server's tables
 from spotrun.db.models import AttemptNode, Job, Meta
 from spotrun.db.outbox import NotifyOutbox   # its table is part of the schema
@@ -70,6 +71,11 @@ def _team_server(conn: Connection) -> None:
         model.__table__.create(conn, checkfirst=True)
 
 
+def _budget_rows(conn: Connection) -> None:
+    """Version 8: budgets set through `spotrun budgets set` (spotrun.db.budget_rows)."""
+    BudgetRow.__table__.create(conn, checkfirst=True)
+
+
 STEPS: list[Step] = [
     Step(2, "columns added after v1 (budget stop, checkpoint figures, running_at, ...)",
          _columns_added_by_helpers),
@@ -79,6 +85,7 @@ STEPS: list[Step] = [
     Step(6, "owner and project on jobs (budgets per project and owner)",
          _owners_and_projects),
     Step(7, "team server: users, API tokens, action trail", _team_server),
+    Step(8, "budgets set through the CLI or the team server", _budget_rows),
 ]
 LATEST = max(s.version for s in STEPS)
 
