@@ -11,6 +11,7 @@ tests/test_postgres.py starts it, and the case is skipped where it cannot be.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import threading
@@ -110,7 +111,9 @@ def test_racing_submitters_and_passes_never_pass_the_budget(db_url, rig: BudgetR
                     "policy: {market: spot, budget_usd: 1.5}\n")
     script = tmp_path / "submitter.py"
     script.write_text(SUBMITTER)
-    env = {"PATH": "/usr/bin:/bin", "SPOTRUN_HOME": str(home), **env_db}
+    env = {"PATH": "/usr/bin:/bin", "SPOTRUN_HOME": str(home), **env_db,
+           # the spotrun under test, where PYTHONPATH names it (a worktree), not the venv's
+           **{k: v for k, v in os.environ.items() if k == "PYTHONPATH"}}
     submitters = [subprocess.Popen([sys.executable, str(script), str(spec),
                                     str(PER_SUBMITTER)], env=env, stderr=subprocess.PIPE,
                                    text=True) for _ in range(2)]
