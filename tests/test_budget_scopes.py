@@ -213,7 +213,8 @@ def test_budgets_verb_json_and_an_80_column_table(tmp_home):
     assert set(proj) == {"scope", "name", "period", "period_key", "period_start_market",
                          "period_end_market", "budget_usd", "spent_usd", "committed_usd",
                          "left_usd", "used_fraction", "running_jobs", "queued_jobs",
-                         "stopped_jobs"}
+                         "stopped_jobs", "source", "set_by", "set_at", "overrides_toml"}
+    assert (proj["source"], proj["set_by"]) == ("spotrun.toml", None)
     assert (proj["spent_usd"], proj["committed_usd"], proj["left_usd"]) == (25.0, 0.0, 1975.0)
     assert proj["period_key"] == "total" and proj["queued_jobs"] == 1
     assert data["owner:alice"]["left_usd"] == pytest.approx(275.5)

@@ -66,5 +66,12 @@ class Backend(Protocol):
     def budgets(self) -> list[dict[str, Any]]:
         """`budgets --json` ([] when no budget is configured)."""
 
+    def set_budget(self, scope: str, name: str, usd: Any, period: Any) -> dict[str, Any]:
+        """`budgets set --json` (admins remotely); each field checked, nothing written on
+        bad input."""
+
+    def remove_budget(self, scope: str, name: str) -> dict[str, Any]:
+        """`budgets remove --json` (admins remotely)."""
+
     def trail(self, *, user: str | None, since: datetime | None) -> list[dict[str, Any]]:
         """`trail --json`: the action trail, oldest first."""

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from spotrun.backends.base import Cancelled, Progress, Submitted
-from spotrun.config import Settings, load_settings
-from spotrun.db import find_job, open_state_db, session
+from spotrun.budgets.source import (change_detail, check_budget, no_row, remove_budget,
+                                    set_budget)
+from spotrun.config import Settings, load_settings, scope_key
+from spotrun.db import database_missing, find_job, open_state_db, session
 from spotrun.jobs import request_cancel, resume_job
 from spotrun.ui.views import audit_view, budgets_view, status_view
 
@@ -108,9 +110,36 @@ class LocalBackend:
 
     def budgets(self) -> list[dict[str, Any]]:
         """`budgets --json`."""
-        if not self.settings.budgets.configured():
-            return []
+        if self._engine is None and database_missing(self.settings) \
+                and not self.settings.budgets.configured():
+            return []   # no database yet, none in spotrun.toml: create nothing to say so
         return budgets_view(self.settings, engine=self.engine())
+
+    def set_budget(self, scope: str, name: str, usd: Any, period: Any) -> dict[str, Any]:
+        """`budgets set --json`: write the budget row (checked first) and trail it as the
+        local OS user; the daemon applies it at its next scheduling pass."""
+        check_budget(scope, name, usd, period)   # bad input opens and writes nothing
+        return self._trailed("budgets set", scope, name, lambda engine, by: set_budget(
+            self.settings, engine, scope, name, usd, period, by=by))
+
+    def remove_budget(self, scope: str, name: str) -> dict[str, Any]:
+        """`budgets remove --json`: delete the budget row and trail it."""
+        check_budget(scope, name, with_amount=False)
+        if self._engine is None and database_missing(self.settings):
+            raise no_row(self.settings, scope, name)   # no database: no row, create none
+        return self._trailed("budgets remove", scope, name, lambda engine, by: remove_budget(
+            self.settings, engine, scope, name, by=by))
+
+    def _trailed(self, action: str, scope: str, name: str,
+                 fn: Callable[[Any, str], dict[str, Any]]) -> dict[str, Any]:
+        """A local budget change, with its trail row (user: the OS user, role `local`)."""
+        from spotrun.budgets.submit import os_user
+        from spotrun.server.trail import record
+        engine, by = self.engine(), os_user()
+        out = fn(engine, by)
+        record(engine, user=by, role="local", action=action, target=scope_key(scope, name),
+               remote_addr="", outcome="ok", detail=change_detail(out))
+        return out
 
     def trail(self, *, user: str | None, since: datetime | None) -> list[dict[str, Any]]:
         """The action trail of this database."""

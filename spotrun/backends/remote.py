@@ -193,9 +193,23 @@ class RemoteBackend:
 
     def budgets(self) -> list[dict[str, Any]]:
         """`budgets --json`."""
-        return self._get("/budgets")
+        return revive_times(self._get("/budgets"))
+
+    def set_budget(self, scope: str, name: str, usd: Any, period: Any) -> dict[str, Any]:
+        """`budgets set --json`: the server checks every field (admins only)."""
+        return revive_times(self._call("PUT", _budget_path(scope, name),
+                                       json={"usd": usd, "period": period}).json())
+
+    def remove_budget(self, scope: str, name: str) -> dict[str, Any]:
+        """`budgets remove --json` (admins only)."""
+        return revive_times(self._call("DELETE", _budget_path(scope, name)).json())
 
     def trail(self, *, user: str | None, since: datetime | None) -> list[dict[str, Any]]:
         """The server's action trail (admins only)."""
         return revive_times(self._get("/trail", user=user,
                                       since=since.isoformat() if since else None))
+
+
+def _budget_path(scope: str, name: str) -> str:
+    """`/budgets/{scope}/{name}`, each part quoted (the server checks them)."""
+    return f"/budgets/{quote(scope, safe='')}/{quote(name, safe='')}"

@@ -29,6 +29,7 @@ from sqlmodel import select
 
 from spotrun.config import BudgetsSettings, scope_key
 from spotrun.budgets.marks import stop_mark
+from spotrun.budgets.source import effective_budgets
 from spotrun.budgets.standing import ScopeStanding, read_standing
 from spotrun.db import Job, add_event, session
 from spotrun.errors import SpotrunError
@@ -59,11 +60,13 @@ class ScopeGuard:
         self._alerts: Any = None
         self.margin = stop_margin_for(ctx.settings)
         self.margin_s = self.margin.of_stop(self.margin.prior_wall_s)   # read again each pass
+        self._budgets: BudgetsSettings = ctx.settings.budgets
 
     @property
     def budgets(self) -> BudgetsSettings:
-        """The daemon's `[budgets]` (read each pass)."""
-        return self.ctx.settings.budgets
+        """The budgets in force this pass: `[budgets]` with the database's over them
+        (spotrun.budgets.source, read once per pass: `budgets set` needs no restart)."""
+        return self._budgets
 
     def need_usd(self, price_usd_per_hour: float, nodes: int) -> float:
         """What a launch at this price commits."""
@@ -83,7 +86,9 @@ class ScopeGuard:
     def pass_start(self, now: datetime) -> None:
         """Read the budgets' figures once; stop, requeue and alert as they say."""
         self.standing = {}
+        self._budgets = effective_budgets(self.ctx.settings, self.ctx.engine)
         if not self.budgets.configured():
+            self._requeue(now)   # the last budget removed: the jobs it stopped go back
             return
         pnow = self._provider_now()
         if pnow is None:

@@ -7,6 +7,7 @@ from typing import Any
 
 from spotrun.config import OWNER_RE, OWNER_RULE, UNKNOWN_OWNER
 from spotrun.errors import BadInputError
+from spotrun.budgets.source import effective_budgets
 from spotrun.budgets.standing import EPSILON_USD, read_standing, usd
 from spotrun.db import session
 from spotrun.ledger.stopmargin import stop_margin_for
@@ -41,7 +42,7 @@ def refuse_unfit(settings: Any, engine: Any, project: str, owner: str,
                  cap_usd: float | None) -> None:
     """Refuse (exit 2) a job whose own cap (`policy.budget_usd`) is more than one of its
     budgets has left now; a job without a cap is accepted and waits for room instead."""
-    budgets = settings.budgets.of_job(project, owner)
+    budgets = effective_budgets(settings, engine).of_job(project, owner)
     if cap_usd is None or not budgets:
         return
     with session(engine) as s:

@@ -18,6 +18,7 @@ from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import DBAPIError
 from sqlmodel import Session, SQLModel
 
+from spotrun.db.budget_rows import BudgetRow   # budgets set through `spotrun budgets set`
 from spotrun.db.identity import ApiToken, TeamUser, TrailEntry, WebSession   # team server's
 from spotrun.db.models import AttemptNode, Job, Meta
 from spotrun.db.outbox import NotifyOutbox   # its table is part of the schema
@@ -80,6 +81,11 @@ def _web_sessions(conn: Connection) -> None:
     WebSession.__table__.create(conn, checkfirst=True)
 
 
+def _budget_rows(conn: Connection) -> None:
+    """Version 10: budgets set through `spotrun budgets set` (spotrun.db.budget_rows)."""
+    BudgetRow.__table__.create(conn, checkfirst=True)
+
+
 STEPS: list[Step] = [
     Step(2, "columns added after v1 (budget stop, checkpoint figures, running_at, ...)",
          _columns_added_by_helpers),
@@ -91,6 +97,7 @@ STEPS: list[Step] = [
     Step(7, "team server: users, API tokens, action trail", _team_server),
     Step(8, "measured budget stops on attempts (the stop margin)", _measured_stops),
     Step(9, "team server: dashboard login sessions", _web_sessions),
+    Step(10, "budgets set through the CLI or the team server", _budget_rows),
 ]
 LATEST = max(s.version for s in STEPS)
 

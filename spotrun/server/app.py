@@ -22,6 +22,7 @@ from spotrun.db.faults import database_error
 from spotrun.errors import BadInputError, SpotrunError, TooManyAttemptsError
 from spotrun.secrets import redact_tokens
 from spotrun.server.auth import Limiter
+from spotrun.server.routes_budgets import router as budgets_router
 from spotrun.server.routes_jobs import router as jobs_router
 from spotrun.server.routes_reads import router as reads_router
 from spotrun.server.routes_stream import router as stream_router
@@ -83,5 +84,6 @@ def create_app(settings: Settings, *, engine: Any = None, limiter: Limiter | Non
     app.include_router(reads_router, prefix="/api/v1")
     app.include_router(submit_router, prefix="/api/v1")
     app.include_router(stream_router, prefix="/api/v1")
+    app.include_router(budgets_router, prefix="/api/v1")
     app.include_router(web_router)   # last: its catch-all serves the dashboard's table
     return app

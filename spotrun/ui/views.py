@@ -27,6 +27,7 @@ from spotrun.reports import ExitReport, Heartbeat, Notice, parse_report
 from spotrun.states import EndReason, JobState
 from spotrun.providers.timescale import WallToProvider, clock_info, provider_now, time_scale
 from spotrun.budgets.marks import stop_phrase
+from spotrun.budgets.source import effective
 from spotrun.budgets.standing import read_standing
 from spotrun.ledger.stopmargin import stop_margin_for
 from spotrun.config import scope_key
@@ -286,13 +287,14 @@ def budgets_view(settings: Any, *, engine: Any = None, now: datetime | None = No
     """`spotrun budgets --json`: every project and owner budget with what it has spent this
     period, committed and left (docs/budgets.md); the provider's clock (now: a reading of
     it) picks the period."""
-    if not settings.budgets.configured():
-        return []
     engine = engine or open_settings_db(settings)
+    found = effective(settings, engine)   # spotrun.toml, the database's rows over it
+    if not found.budgets.configured():
+        return []
     with session(engine) as s:
-        standing = read_standing(s, settings.budgets.configured(),
+        standing = read_standing(s, found.budgets.configured(),
                                  now or provider_now(settings), stop_margin_for(settings))
-        waiting = Counter(_scope_hits(settings, s.exec(
+        waiting = Counter(_scope_hits(found.budgets, s.exec(
             select(Job.project, Job.owner).where(Job.state.in_(WAITS_FOR_DAEMON)))))
         stopped = Counter(mark.partition("@")[0] for mark in s.exec(
             select(Job.budget_stop_scope).where(Job.budget_stop_scope.is_not(None))))
@@ -301,14 +303,15 @@ def budgets_view(settings: Any, *, engine: Any = None, now: datetime | None = No
         d = st.to_dict()
         d["queued_jobs"] = waiting.get(st.key, 0)
         d["stopped_jobs"] = stopped.get(st.key, 0)
+        d.update(found.origins[st.key].to_dict())
         out.append(d)
     return out
 
 
-def _scope_hits(settings: Any, pairs: Any) -> list[str]:
+def _scope_hits(budgets: Any, pairs: Any) -> list[str]:
     """The budget keys each (project, owner) pair spends from, flattened."""
     return [scope_key(sc, n) for project, owner in pairs
-            for sc, n, _ in settings.budgets.of_job(project, owner)]
+            for sc, n, _ in budgets.of_job(project, owner)]
 
 
 def job_summaries(settings: Any, *, engine: Any = None) -> list[dict[str, Any]]:

@@ -79,11 +79,14 @@ def add_job(engine: Any, job_id: str, owner: str, state: JobState = JobState.QUE
         s.commit()
 
 
-def start_team(tmp: Path, *, max_failures: int = 5) -> Iterator[Team]:
-    """Yield a Team whose server stops when the generator is closed."""
-    home = tmp / "server-home"
-    home.mkdir()
-    settings = load_settings(str(home))
+def start_team(tmp: Path, *, max_failures: int = 5, settings: Any = None) -> Iterator[Team]:
+    """Yield a Team whose server stops when the generator is closed (settings: serve that
+    home, e.g. a daemon rig's, instead of a new one)."""
+    if settings is None:
+        home = tmp / "server-home"
+        home.mkdir()
+        settings = load_settings(str(home))
+    home = settings.home_path
     engine = open_db(settings.database_url)
     tokens = {name: identity.add_user(engine, name, role) for name, role in USERS.items()}
     clock = [0.0]
