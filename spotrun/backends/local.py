@@ -134,7 +134,7 @@ class LocalBackend:
                  fn: Callable[[Any, str], dict[str, Any]]) -> dict[str, Any]:
         """A local budget change, with its trail row (user: the OS user, role `local`)."""
         from spotrun.budgets.submit import os_user
-        from spotrun.server.trail import record
+        from spotrun.db.trail import record
         engine, by = self.engine(), os_user()
         out = fn(engine, by)
         record(engine, user=by, role="local", action=action, target=scope_key(scope, name),

@@ -15,7 +15,7 @@ from pydantic import BaseModel
 from spotrun.budgets.source import change_detail, remove_budget, set_budget
 from spotrun.config import scope_key
 from spotrun.errors import SpotrunError
-from spotrun.server import trail
+from spotrun.db import trail
 from spotrun.server.auth import Caller, caller, needs
 
 router = APIRouter()

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from sqlmodel import select
 
-from budget_helpers import BudgetRig
+from budget_helpers import COMMIT_USD, BudgetRig
 from polling import wait_for
 from server.harness import start_team
 from spotrun.db import session
@@ -62,12 +62,14 @@ def test_an_admins_budget_stops_a_project_on_the_running_daemon_and_its_removal_
     assert res.returncode == 2 and res.stderr.startswith("error: SCOPE: unknown scope")
     assert _rows(rig) == []
 
-    # The admin sets $0.10 a day: the launch alone committed $0.50, so the daemon, not
-    # restarted, stops the project's running job at its next pass; the other project runs on.
-    res = team.cli("ada", "budgets", "set", "project", "ml", "--usd", "0.1", "--period", "day")
+    # The admin sets $0.02 a day: the launch alone committed more (COMMIT_USD, the stop
+    # margin), so the daemon, not restarted, stops the project's running job at its next
+    # pass; the other project runs on.
+    assert COMMIT_USD > 0.02
+    res = team.cli("ada", "budgets", "set", "project", "ml", "--usd", "0.02", "--period", "day")
     assert res.returncode == 0, res.stderr
-    assert res.stdout.strip() == "budget project ml: $0.10 per day (set by ada)"
-    assert _rows(rig) == [("project", "ml", 0.1, "day", "ada")]
+    assert res.stdout.strip() == "budget project ml: $0.02 per day (set by ada)"
+    assert _rows(rig) == [("project", "ml", 0.02, "day", "ada")]
     rig.book()
     rig.tick()
     jobs = rig.jobs()
