@@ -9,6 +9,10 @@ import click
 from spotrun.cli.common import get_settings, open_state_db
 from spotrun.errors import BadInputError
 
+# On SIGTERM open responses (a `logs -f` stream) get this long before they are cut, so
+# the daemon inside stops and releases its lease well within systemd's TimeoutStopSec.
+GRACEFUL_STOP_S = 10
+
 if TYPE_CHECKING:
     from spotrun.config import Settings
     from spotrun.daemon.standby import StandbyDaemon
@@ -51,7 +55,8 @@ def server(host: str, port: int, tls_cert: str | None, tls_key: str | None,
                f"{'; daemon: waits for the lease' if with_daemon else ''})", err=True)
     try:
         uvicorn.run(app, host=host, port=port, ssl_certfile=tls_cert, ssl_keyfile=tls_key,
-                    log_config=None, server_header=False)
+                    log_config=None, server_header=False,
+                    timeout_graceful_shutdown=GRACEFUL_STOP_S)
     finally:
         # The app's shutdown stopped it already; this covers a start-up that failed.
         if standby is not None:
