@@ -29,7 +29,7 @@ from spotrun.db import Attempt, Job, session
 from spotrun.ledger.committed import launch_commitment_usd, stop_margin_s
 from spotrun.spec import job_spec
 from spotrun.states import AttemptState, JobState
-from test_postgres import pg_db, pg_url  # noqa: F401  (fixtures)
+from pg_helpers import pg_db, pg_url  # noqa: F401  (fixtures)
 
 BUDGET_USD = 2.0
 PER_SUBMITTER = 5

@@ -80,7 +80,8 @@ def serve(settings: Settings) -> int:
         own.dispose()
 
 
-def _serve(settings: Settings, ctx: DaemonContext, own: Any, flags: Flags, log: Any) -> int:
+def _serve(settings: Settings, ctx: DaemonContext, own: Any, flags: Flags,
+           log: Any) -> int:
     """serve() once the engines are open: lease, loops, reloads, a clean stop."""
     d = settings.daemon
     lease = Lease(own, ttl_s=d.lease_ttl_s, clock=ctx.clock)
