@@ -30,7 +30,7 @@ from spotrun.db import Attempt, Job, session
 from spotrun.ledger.committed import launch_commitment_usd
 from spotrun.spec import job_spec
 from spotrun.states import AttemptState, JobState
-from test_postgres import pg_db, pg_url  # noqa: F401  (fixtures)
+from pg_helpers import pg_db, pg_url  # noqa: F401  (fixtures)
 
 BUDGET_USD = round(4.5 * COMMIT_USD, 4)   # room for four launches' commitments
 PER_SUBMITTER = 5

@@ -21,7 +21,7 @@ from daemon_helpers import DaemonProc, write_home
 from faults_helpers import (RACER, FrozenLocker, assert_one_line_failure, break_db, cli_env,
                             fresh_db, proc_state, run_cli, sqlite_rows)
 from polling import wait_for
-from test_postgres import pg_db, pg_url  # noqa: F401  (a real PostgreSQL server, or a skip)
+from pg_helpers import pg_db, pg_url  # noqa: F401  (a real PostgreSQL server, or a skip)
 
 FAST_DB = "db_busy_timeout_s = 0.5\n"
 

@@ -55,7 +55,28 @@ def test_daemon_unit_is_hardened():
     assert "AWS_ACCESS_KEY_ID" not in text and "AWS_SECRET_ACCESS_KEY" not in text
 
 
-@pytest.mark.parametrize("unit", [UNITS / "spotrun-daemon.service", AGENT_UNIT_FILE],
+# Every key that confines the service, the same in the server's unit as in the daemon's.
+HARDENING = ("DynamicUser", "StateDirectory", "StateDirectoryMode", "UMask", "NoNewPrivileges",
+             "ProtectSystem", "ProtectHome", "PrivateTmp", "PrivateDevices",
+             "ProtectKernelTunables", "ProtectKernelModules", "ProtectKernelLogs",
+             "ProtectControlGroups", "ProtectClock", "ProtectHostname", "RestrictSUIDSGID",
+             "RestrictRealtime", "RestrictNamespaces", "LockPersonality",
+             "SystemCallArchitectures", "CapabilityBoundingSet", "AmbientCapabilities",
+             "RestrictAddressFamilies", "KillSignal", "KillMode", "ExecReload")
+
+
+def test_server_unit_runs_the_daemon_inside_as_hardened_as_the_daemons():
+    server, daemon = _unit("spotrun-server.service"), _unit("spotrun-daemon.service")
+    assert {k: server.get(k) for k in HARDENING} == {k: daemon.get(k) for k in HARDENING}
+    assert " server --with-daemon " in server["ExecStart"][0]
+    assert "SPOTRUN_HOME=/var/lib/spotrun" in server["Environment"]
+    # The database URL (it may carry a password) comes from a file, never the unit.
+    assert server["EnvironmentFile"] == ["-/etc/spotrun/server.env"]
+    assert "SPOTRUN_DB_URL" not in "".join(server["Environment"])
+
+
+@pytest.mark.parametrize("unit", [UNITS / "spotrun-daemon.service",
+                                  UNITS / "spotrun-server.service", AGENT_UNIT_FILE],
                          ids=lambda p: p.name)
 def test_units_pass_systemd_analyze_verify(unit: Path, tmp_path: Path):
     tool = shutil.which("systemd-analyze")

@@ -29,7 +29,7 @@ from spotrun.errors import SpotrunError
 RELOADABLE = ("daemon", "agent", "budgets")
 
 
-class _Flags:
+class Flags:
     """Set by signal handlers, read by the main loop."""
 
     def __init__(self) -> None:
@@ -37,7 +37,7 @@ class _Flags:
         self.reload = threading.Event()
 
 
-def _install(flags: _Flags) -> None:
+def _install(flags: Flags) -> None:
     def on_stop(signum: int, frame: Any) -> None:
         flags.stop.set()
 
@@ -66,7 +66,7 @@ def reload_settings(ctx: DaemonContext) -> tuple[list[str], list[str]]:
 
 def serve(settings: Settings) -> int:
     """Run until SIGTERM/SIGINT; the exit status for the process."""
-    flags = _Flags()
+    flags = Flags()
     _install(flags)
     log = structlog.get_logger("spotrun.daemon")
     ctx = build_context(settings)
@@ -80,22 +80,38 @@ def serve(settings: Settings) -> int:
         own.dispose()
 
 
-def _serve(settings: Settings, ctx: DaemonContext, own: Any, flags: _Flags, log: Any) -> int:
+def _serve(settings: Settings, ctx: DaemonContext, own: Any, flags: Flags,
+           log: Any) -> int:
     """serve() once the engines are open: lease, loops, reloads, a clean stop."""
     d = settings.daemon
     lease = Lease(own, ttl_s=d.lease_ttl_s, clock=ctx.clock)
-    if not wait_for_lease(lease, poll_s=max(min(d.lease_renew_interval_s, 1.0), 0.05),
-                          stop=flags.stop, log=log):
+    if not wait_for_lease(lease, poll_s=lease_poll_s(settings), stop=flags.stop, log=log):
         log.info("daemon_stopped", reason="stopped while waiting for the lease")
         return 0
-    keeper = LeaseKeeper(lease, interval_s=d.lease_renew_interval_s, on_lost=flags.stop.set,
+    if lead(ctx, lease, own, flags, log):
+        log.error("daemon_exit", reason="lease lost to another daemon")
+        return 1
+    log.info("daemon_exit", reason="stopped")
+    return 0
+
+
+def lease_poll_s(settings: Settings) -> float:
+    """How often a waiting daemon asks for the lease (at most 1 s, so takeover is prompt)."""
+    return max(min(settings.daemon.lease_renew_interval_s, 1.0), 0.05)
+
+
+def lead(ctx: DaemonContext, lease: Lease, own: Any, flags: Flags, log: Any) -> bool:
+    """Run the loops while lease (just acquired) is ours, until flags.stop or the lease is
+    lost; True when lost. A clean stop releases the lease so a waiting daemon takes over."""
+    d = ctx.settings.daemon
+    keeper = LeaseKeeper(lease, interval_s=d.lease_renew_interval_s, on_lost=lambda: None,
                          log=log).start()
     runner = build_runner(ctx, lease=lease, bounded=True)
     runner.start()
     # Its own thread and engine, so no loop's long pass holds the figures back.
     publisher = HealthPublisher(own, lambda: runner.health, lease.owner, log).start()
     try:
-        while not flags.stop.wait(0.2):
+        while not flags.stop.wait(0.2) and not keeper.lost.is_set():
             if flags.reload.is_set():
                 flags.reload.clear()
                 runner = _reload(ctx, runner, lease, keeper, log)
@@ -105,11 +121,7 @@ def _serve(settings: Settings, ctx: DaemonContext, own: Any, flags: _Flags, log:
         publisher.stop(clear=not keeper.lost.is_set())
         if not keeper.lost.is_set():
             lease.release()
-    if keeper.lost.is_set():
-        log.error("daemon_exit", reason="lease lost to another daemon")
-        return 1
-    log.info("daemon_exit", reason="stopped")
-    return 0
+    return keeper.lost.is_set()
 
 
 def _reload(ctx: DaemonContext, runner: Any, lease: Lease, keeper: LeaseKeeper,

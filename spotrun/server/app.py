@@ -8,7 +8,10 @@ error is `{"error", "field", "hint"}` with the status its SpotrunError names.
 from __future__ import annotations
 
 import json
-from typing import Any
+from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING, Any, AsyncIterator
+
+import anyio
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -28,6 +31,9 @@ from spotrun.server.routes_reads import router as reads_router
 from spotrun.server.routes_stream import router as stream_router
 from spotrun.server.routes_submit import router as submit_router
 from spotrun.server.web import router as web_router
+
+if TYPE_CHECKING:
+    from spotrun.daemon.standby import StandbyDaemon
 
 
 class SpotrunJSON(JSONResponse):
@@ -50,11 +56,24 @@ def error_response(exc: SpotrunError) -> SpotrunJSON:
     return SpotrunJSON(body, status_code=exc.http_status, headers=headers)
 
 
-def create_app(settings: Settings, *, engine: Any = None, limiter: Limiter | None = None
-               ) -> FastAPI:
-    """The API app over settings' state database."""
+def create_app(settings: Settings, *, engine: Any = None, limiter: Limiter | None = None,
+               daemon: "StandbyDaemon | None" = None) -> FastAPI:
+    """The API app over settings' state database (with daemon: started and stopped with it)."""
+
+    @asynccontextmanager
+    async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        # Stopped in the server's shutdown, before uvicorn re-raises SIGTERM to end the
+        # process: the loops finish their pass and the lease is released.
+        if daemon is not None:
+            daemon.start()
+        try:
+            yield
+        finally:
+            if daemon is not None:
+                await anyio.to_thread.run_sync(daemon.stop)
+
     app = FastAPI(title="spotrun", docs_url=None, redoc_url=None, openapi_url=None,
-                  default_response_class=SpotrunJSON)
+                  default_response_class=SpotrunJSON, lifespan=lifespan)
     app.state.settings = settings
     app.state.engine = engine or open_settings_db(settings)
     app.state.backend = LocalBackend(settings, app.state.engine)
