@@ -6,33 +6,23 @@ error is `{"error", "field", "hint"}` with the status its SpotrunError names.
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
 
 from spotrun.backends.local import LocalBackend
 from spotrun.config import Settings
-from spotrun.contracts import json_default
 from spotrun.db import open_settings_db
 from spotrun.db.faults import database_error
 from spotrun.errors import BadInputError, SpotrunError, TooManyAttemptsError
 from spotrun.secrets import redact_tokens
 from spotrun.server.auth import Limiter
+from spotrun.server.render import SpotrunJSON
 from spotrun.server.routes_jobs import router as jobs_router
 from spotrun.server.routes_reads import router as reads_router
 from spotrun.server.routes_stream import router as stream_router
 from spotrun.server.routes_submit import router as submit_router
-
-
-class SpotrunJSON(JSONResponse):
-    """JSON as the CLI's `--json` writes it (datetimes ISO-8601, enums by value)."""
-
-    def render(self, content: Any) -> bytes:
-        """The body."""
-        return json.dumps(content, default=json_default).encode("utf-8")
 
 
 def error_response(exc: SpotrunError) -> SpotrunJSON:
