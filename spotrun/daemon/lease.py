@@ -83,14 +83,20 @@ class LeaseInfo:
                 and bool(self.boot_id) and not pids.is_alive(self.pid, self.pid_start_ticks))
 
 
-def live_holder(engine: Engine, now: datetime | None = None) -> LeaseInfo | None:
+def live_holder(engine: Engine, now: datetime | None = None, *, s: Any = None
+                ) -> LeaseInfo | None:
     """The daemon that holds the lease now; None when no row, an expired one, or a dead holder.
 
-    What the CLI asks before telling a user that nothing will pick their job up.
+    What the CLI asks before telling a user that nothing will pick their job up. A caller
+    inside a session passes it (s): a second connection while holding one deadlocks once
+    as many threads as the pool has connections do the same (the team server's readers).
     """
     from datetime import timezone
-    with session(engine) as s:
+    if s is not None:
         row = s.get(Meta, LEASE_KEY)
+    else:
+        with session(engine) as own:
+            row = own.get(Meta, LEASE_KEY)
     info = LeaseInfo.from_json(row.value) if row is not None else None
     if info is None or info.expired(now or datetime.now(timezone.utc)) \
             or info.holder_dead_here():

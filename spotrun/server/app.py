@@ -7,7 +7,6 @@ error is `{"error", "field", "hint"}` with the status its SpotrunError names.
 
 from __future__ import annotations
 
-import json
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any, AsyncIterator
 
@@ -15,17 +14,16 @@ import anyio
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
 
 from spotrun.backends.local import LocalBackend
 from spotrun.config import Settings
-from spotrun.contracts import json_default
 from spotrun.db import open_settings_db
 from spotrun.db.faults import database_error
 from spotrun.errors import BadInputError, SpotrunError, TooManyAttemptsError
 from spotrun.secrets import redact_tokens
 from spotrun.server.auth import Limiter
 from spotrun.server.routes_budgets import router as budgets_router
+from spotrun.server.render import SpotrunJSON
 from spotrun.server.routes_jobs import router as jobs_router
 from spotrun.server.routes_reads import router as reads_router
 from spotrun.server.routes_stream import router as stream_router
@@ -34,14 +32,6 @@ from spotrun.server.web import router as web_router
 
 if TYPE_CHECKING:
     from spotrun.daemon.standby import StandbyDaemon
-
-
-class SpotrunJSON(JSONResponse):
-    """JSON as the CLI's `--json` writes it (datetimes ISO-8601, enums by value)."""
-
-    def render(self, content: Any) -> bytes:
-        """The body."""
-        return json.dumps(content, default=json_default).encode("utf-8")
 
 
 def error_response(exc: SpotrunError) -> SpotrunJSON:

@@ -12,6 +12,7 @@ from spotrun.db import find_job, session
 from spotrun.errors import ForbiddenError, NotFoundError, SpotrunError
 from spotrun.db import trail
 from spotrun.server.auth import Caller, caller, denied, needs
+from spotrun.server.render import rendered
 
 router = APIRouter()
 
@@ -25,13 +26,13 @@ class ResumeBody(BaseModel):
 @router.get("/jobs")
 def jobs(request: Request, events: bool = False, who: Caller = Depends(caller)) -> Any:
     """`spotrun status --json`."""
-    return request.app.state.backend.status(None, events=events)
+    return rendered(request.app.state.backend.status(None, events=events))
 
 
 @router.get("/jobs/{ref}")
 def job(request: Request, ref: str, events: bool = False, who: Caller = Depends(caller)) -> Any:
     """`spotrun status JOB --json`."""
-    return request.app.state.backend.status(ref, events=events)
+    return rendered(request.app.state.backend.status(ref, events=events))
 
 
 def _may_act_on(request: Request, who: Caller, action: str, ref: str) -> None:

@@ -8,6 +8,7 @@ from fastapi import APIRouter, Depends, Query, Request
 
 from spotrun.contracts import parse_time
 from spotrun.server.auth import Caller, caller, needs
+from spotrun.server.render import rendered
 
 router = APIRouter()
 
@@ -33,13 +34,13 @@ def audit(request: Request, job: list[str] = Query(default=[]), since: str | Non
     result = request.app.state.backend.audit(job, since=parse_time(since, "--since"),
                                              until=parse_time(until, "--until"),
                                              hindsight=hindsight)
-    return [a.to_dict() for a in result]
+    return rendered([a.to_dict() for a in result])
 
 
 @router.get("/budgets")
 def budgets(request: Request, who: Caller = Depends(caller)) -> Any:
     """`spotrun budgets --json`."""
-    return request.app.state.backend.budgets()
+    return rendered(request.app.state.backend.budgets())
 
 
 @router.get("/trail")
@@ -47,4 +48,5 @@ def trail(request: Request, user: str | None = None, since: str | None = None,
           who: Caller = Depends(caller)) -> Any:
     """`spotrun trail --json` (admins only)."""
     needs(request, who, "admin", "reading the trail")
-    return request.app.state.backend.trail(user=user, since=parse_time(since, "--since"))
+    return rendered(request.app.state.backend.trail(user=user,
+                                                    since=parse_time(since, "--since")))

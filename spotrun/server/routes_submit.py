@@ -120,10 +120,11 @@ async def submit(request: Request, dry_run: bool = False, owner: str | None = No
                  who: Caller = Depends(caller)) -> Any:
     """`spotrun submit SPEC --json` (`{"job", "warnings", "note"}`), or with dry_run the
     `--dry-run --json` plan (`{"plan", "warnings"}`); members and admins, viewers dry-run."""
-    if not dry_run:
-        needs(request, who, "member", "submit", owner or "")
-    job_owner = _owner(request, who, owner)
-    folder = Path(tempfile.mkdtemp(prefix="spotrun-upload-"))
+    if not dry_run:   # a refusal writes the trail: in the pool, as every write here
+        await run_in_threadpool(needs, request, who, "member", "submit", owner or "")
+    job_owner = await run_in_threadpool(_owner, request, who, owner)
+    # The event loop serves every client: file-system and database work goes to the pool.
+    folder = Path(await run_in_threadpool(tempfile.mkdtemp, prefix="spotrun-upload-"))
     target = owner or ""
     try:
         head, bundle = await receive(request, folder)
@@ -137,15 +138,17 @@ async def submit(request: Request, dry_run: bool = False, owner: str | None = No
         out = await run_in_threadpool(_record, request, who, sub, bundle)
     except SpotrunError as exc:
         if not dry_run and not isinstance(exc, ForbiddenError):
-            trail.record(request.app.state.engine, user=who.principal.user,
-                         role=who.principal.role, action="submit", target=target,
-                         remote_addr=who.addr, outcome="error", detail=str(exc))
+            await run_in_threadpool(
+                trail.record, request.app.state.engine, user=who.principal.user,
+                role=who.principal.role, action="submit", target=target,
+                remote_addr=who.addr, outcome="error", detail=str(exc))
         raise
     finally:
-        shutil.rmtree(folder, ignore_errors=True)
-    trail.record(request.app.state.engine, user=who.principal.user, role=who.principal.role,
-                 action="submit", target=sub.job_id, remote_addr=who.addr, outcome="ok",
-                 detail=f"owner {job_owner}")
+        await run_in_threadpool(shutil.rmtree, folder, ignore_errors=True)
+    # A commit waits for SQLite's write lock (the daemon's, other submits'): never on the loop.
+    await run_in_threadpool(trail.record, request.app.state.engine, user=who.principal.user,
+                            role=who.principal.role, action="submit", target=sub.job_id,
+                            remote_addr=who.addr, outcome="ok", detail=f"owner {job_owner}")
     return out
 
 

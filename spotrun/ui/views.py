@@ -228,9 +228,10 @@ def spend_by_job(s: Session, job_ids: list[str] | None = None) -> dict[str, floa
 WAITS_FOR_DAEMON = (JobState.QUEUED, JobState.RECOVERING)
 
 
-def daemon_missing(settings: Any, engine: Any) -> str | None:
-    """The reason queued jobs give while no daemon holds the lease; None while one does."""
-    if live_holder(engine) is not None:
+def daemon_missing(settings: Any, engine: Any, s: Any = None) -> str | None:
+    """The reason queued jobs give while no daemon holds the lease; None while one does
+    (s: the caller's open session, read instead of taking a second connection)."""
+    if live_holder(engine, s=s) is not None:
         return None
     return no_daemon_reason(settings.home_path)
 
@@ -257,7 +258,7 @@ def status_view(settings: Any, ref: str | None = None, *, events: bool = False,
         reclaims = (history if events or ref else events_by_job(s, ids, kind=RECLAIMED_EVENT)) \
             if reclaimed else {}
         if any(j.state in WAITS_FOR_DAEMON for j in jobs):
-            no_daemon = daemon_missing(settings, engine)
+            no_daemon = daemon_missing(settings, engine, s)
         data = []
         for j in jobs:
             jr = rows.get(j.id) or JobRows()
