@@ -9,9 +9,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-from contextlib import contextmanager
 from pathlib import Path, PurePosixPath
-from typing import Any, Iterator
+from typing import Any
 
 from spotrun import layout
 from spotrun.checkpoints import latest_verified
@@ -19,7 +18,7 @@ from spotrun.db import job_named, session
 from spotrun.errors import BadInputError, ChecksumMismatch, SpotrunError, StoreError
 from spotrun.store import open_store
 from spotrun.store.base import ObjectStore
-from spotrun.store.progress import transfer_bar
+from spotrun.store.progress import one_bar, transfer_bar
 
 CHECKPOINT_DIR = "checkpoint"
 
@@ -116,20 +115,9 @@ def pull_into(engine: Any, job_ref: str, dest: Path | None, *, checkpoint: bool,
             "outputs": outputs, "checkpoint": ckpt}
 
 
-@contextmanager
-def download_bar(*, show: bool) -> Iterator[Any]:
+def download_bar(*, show: bool) -> Any:
     """A progress callback (bytes done, total) drawing a remote pull's download on
     stderr's terminal; None off a terminal (local pull draws one bar per file itself)."""
     from rich.console import Console
     console = Console(stderr=True)
-    if not show or not console.is_terminal:
-        yield None
-        return
-    with transfer_bar(console) as bar:
-        task: list[Any] = []
-
-        def progress(done: int, total: int) -> None:
-            if not task:
-                task.append(bar.add_task("downloading", total=total or None))
-            bar.update(task[0], completed=done, total=total or None)
-        yield progress
+    return one_bar(console, "downloading", show=show and console.is_terminal)

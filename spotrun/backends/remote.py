@@ -51,15 +51,17 @@ class RemoteBackend:
             base_url=self.url, timeout=TIMEOUT_S,
             headers={"Authorization": f"Bearer {token}", "User-Agent": "spotrun-cli"})
 
+    def _unreachable(self, exc: Exception) -> SpotrunError:
+        # The exception's text names the URL only; the token is in a header, never in it.
+        return SpotrunError(f"cannot reach the server ({type(exc).__name__})", field="remote",
+                            value=self.url,
+                            hint="check the URL (`spotrun login URL`) or use --local")
+
     def _call(self, method: str, path: str, **kw: Any) -> httpx.Response:
         try:
             resp = self._client.request(method, API + path, **kw)
         except httpx.HTTPError as exc:
-            # The exception's text names the URL only; the token is in a header, never in it.
-            raise SpotrunError(f"cannot reach the server ({type(exc).__name__})",
-                               field="remote", value=self.url,
-                               hint="check the URL (`spotrun login URL`) or use --local"
-                               ) from None
+            raise self._unreachable(exc) from None
         if resp.status_code >= 400:
             raise error_from(resp)
         return resp
@@ -111,10 +113,7 @@ class RemoteBackend:
                                                  timeout=httpx.Timeout(TIMEOUT_S, read=None))
             resp = self._client.send(request, stream=True)
         except httpx.HTTPError as exc:
-            raise SpotrunError(f"cannot reach the server ({type(exc).__name__})",
-                               field="remote", value=self.url,
-                               hint="check the URL (`spotrun login URL`) or use --local"
-                               ) from None
+            raise self._unreachable(exc) from None
         if resp.status_code >= 400:
             resp.read()
             resp.close()

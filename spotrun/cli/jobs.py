@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import re
-from contextlib import contextmanager
-from typing import Any, Iterator
+from typing import Any
 
 import click
 from rich.console import Console
@@ -12,7 +11,7 @@ from rich.table import Table
 
 from spotrun.cli.common import backend, echo_json, json_option
 from spotrun.states import JobState
-from spotrun.store.progress import transfer_bar
+from spotrun.store.progress import one_bar
 from spotrun.cli.tables import Column, print_table
 from spotrun.daemon.lease import NO_DAEMON
 
@@ -53,21 +52,10 @@ def submit(spec_file: str, dry_run: bool, wide: bool, owner: str | None, as_json
         click.echo(done.note, err=True)
 
 
-@contextmanager
-def upload_bar(console: Console, *, show: bool) -> Iterator[Any]:
+def upload_bar(console: Console, *, show: bool) -> Any:
     """A progress callback drawing the code bundle's upload as a rich bar (None: no bar);
     the bar appears with the first bytes, so a job without a workdir shows none."""
-    if not show:
-        yield None
-        return
-    with transfer_bar(console) as bar:
-        task: list[Any] = []
-
-        def progress(done: int, total: int) -> None:
-            if not task:
-                task.append(bar.add_task("uploading code bundle", total=total or None))
-            bar.update(task[0], completed=done, total=total or None)
-        yield progress
+    return one_bar(console, "uploading code bundle", show=show)
 
 
 @click.command()

@@ -123,3 +123,13 @@ def local_errors_pass(key: str, wrap: Callable[[BaseException, str], StoreError]
         raise
     except Exception as exc:
         raise wrap(exc, key) from None
+
+
+class CloudPutFile:
+    """put_file for the cloud stores: a local file's OSError passes, the library's errors
+    become the store's (the class's `_error(exc, key)`); `_put_file` does the upload."""
+
+    def put_file(self, key: str, path: str | Path, progress: ProgressFn | None = None) -> str:
+        """Upload path (in parts or chunks when large); returns its SHA256 hex digest."""
+        with local_errors_pass(key, type(self)._error):  # type: ignore[attr-defined]
+            return self._put_file(key, self._key(key), Path(path), progress)  # type: ignore

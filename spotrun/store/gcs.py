@@ -37,8 +37,8 @@ from google.resumable_media import common as media_common
 from google.resumable_media.requests import ResumableUpload
 
 from spotrun.errors import ChecksumMismatch, ConfigError, ObjectNotFound, StoreError
-from spotrun.store.base import (ObjectInfo, ProgressFn, StoreFeature, bucket_of, join_key,
-                                listing_prefix, local_errors_pass, validate_key)
+from spotrun.store.base import (CloudPutFile, ObjectInfo, ProgressFn, StoreFeature, bucket_of,
+                                join_key, listing_prefix, validate_key)
 from spotrun.store.localfile import write_atomic
 
 def _own_boundary_rng() -> None:
@@ -71,8 +71,19 @@ _READ_CHUNK = 8 * 1024 * 1024
 _CONTENT_TYPE = "application/octet-stream"
 
 
-class GcsStore:
+def _wrap(exc: BaseException, key: str) -> StoreError:
+    if isinstance(exc, StoreError):
+        return exc
+    if isinstance(exc, media_common.DataCorruption):
+        return ChecksumMismatch(f"gcs upload corrupted: {exc}"[:300], field="key", value=key)
+    code = getattr(exc, "code", None) or type(exc).__name__
+    return StoreError(f"gcs error {code}: {exc}"[:300], field="key", value=key)
+
+
+class GcsStore(CloudPutFile):
     """A store rooted at gs://bucket/prefix."""
+
+    _error = staticmethod(_wrap)   # CloudPutFile: the library's errors as the store's
 
     features = frozenset({StoreFeature.NETWORK})
 
@@ -134,11 +145,6 @@ class GcsStore:
         except Exception as exc:
             raise _wrap(exc, key) from None
         return True
-
-    def put_file(self, key: str, path: str | Path, progress: ProgressFn | None = None) -> str:
-        """Upload path (resumable, in chunks, when large); returns its SHA256 hex digest."""
-        with local_errors_pass(key, _wrap):
-            return self._put_file(key, self._key(key), Path(path), progress)
 
     def _put_file(self, key: str, full: str, src: Path, progress: ProgressFn | None) -> str:
         before = src.stat()
@@ -304,13 +310,6 @@ def _check_crc(crc: Any, expected: str | None, key: str) -> None:
         raise ChecksumMismatch("crc32c differs from the stored one", field="key", value=key)
 
 
-def _wrap(exc: BaseException, key: str) -> StoreError:
-    if isinstance(exc, StoreError):
-        return exc
-    if isinstance(exc, media_common.DataCorruption):
-        return ChecksumMismatch(f"gcs upload corrupted: {exc}"[:300], field="key", value=key)
-    code = getattr(exc, "code", None) or type(exc).__name__
-    return StoreError(f"gcs error {code}: {exc}"[:300], field="key", value=key)
 
 
 __all__ = ["GcsStore"]

@@ -27,6 +27,23 @@ def transfer_bar(console: Any) -> Any:
                     TransferSpeedColumn(), console=console, transient=True)
 
 
+@contextmanager
+def one_bar(console: Any, label: str, *, show: bool) -> Iterator[ProgressFn | None]:
+    """A progress callback (bytes done, total) drawing one rich bar labelled `label` (None
+    when not shown); the bar appears with the first bytes."""
+    if not show:
+        yield None
+        return
+    with transfer_bar(console) as bar:
+        task: list[Any] = []
+
+        def progress(done: int, total: int) -> None:
+            if not task:
+                task.append(bar.add_task(label, total=total or None))
+            bar.update(task[0], completed=done, total=total or None)
+        yield progress
+
+
 class TransferProgress:
     """A ProgressFn `(bytes_done, bytes_total)` for one transfer; use it as a context manager."""
 

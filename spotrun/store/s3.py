@@ -19,8 +19,8 @@ from typing import Any
 
 from spotrun.aws_clients import RetryPolicy, error_code, make_client, use_retries
 from spotrun.errors import ChecksumMismatch, ConfigError, ObjectNotFound, StoreError
-from spotrun.store.base import (ObjectInfo, ProgressFn, StoreFeature, bucket_of, join_key,
-                                listing_prefix, local_errors_pass, validate_key)
+from spotrun.store.base import (CloudPutFile, ObjectInfo, ProgressFn, StoreFeature, bucket_of,
+                                join_key, listing_prefix, validate_key)
 from spotrun.store.localfile import write_atomic
 
 META_SHA = "sha256"
@@ -29,8 +29,17 @@ _NOT_FOUND = {"NoSuchKey", "404", "NotFound"}
 _READ_CHUNK = 1024 * 1024
 
 
-class S3Store:
+def _wrap(exc: BaseException, key: str) -> StoreError:
+    if isinstance(exc, StoreError):
+        return exc
+    return StoreError(f"s3 error {error_code(exc) or type(exc).__name__}: {exc}"[:300],
+                      field="key", value=key)
+
+
+class S3Store(CloudPutFile):
     """A store rooted at s3://bucket/prefix."""
+
+    _error = staticmethod(_wrap)   # CloudPutFile: the library's errors as the store's
 
     features = frozenset({StoreFeature.NETWORK})
 
@@ -95,11 +104,6 @@ class S3Store:
                 return False
             raise _wrap(exc, key) from None
         return True
-
-    def put_file(self, key: str, path: str | Path, progress: ProgressFn | None = None) -> str:
-        """Upload path (in parts when large); returns its SHA256 hex digest."""
-        with local_errors_pass(key, _wrap):
-            return self._put_file(key, self._key(key), Path(path), progress)
 
     def _put_file(self, key: str, full: str, src: Path, progress: ProgressFn | None) -> str:
         from boto3.s3.transfer import TransferConfig
@@ -243,11 +247,6 @@ def _file_sha(path: Path) -> str:
     return h.hexdigest()
 
 
-def _wrap(exc: BaseException, key: str) -> StoreError:
-    if isinstance(exc, StoreError):
-        return exc
-    return StoreError(f"s3 error {error_code(exc) or type(exc).__name__}: {exc}"[:300],
-                      field="key", value=key)
 
 
 __all__ = ["S3Store"]
