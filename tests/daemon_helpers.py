@@ -7,6 +7,7 @@ SPOTRUN_RESUME_CHECKPOINT.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -222,3 +223,16 @@ class FlakyStore:
                           read_fail=self.read_fail)
         view.rng, view.lock = self.rng, self.lock
         return view
+
+
+def log_events(log: Path, name: str) -> list[dict]:
+    """The JSON log records of event `name` in a daemon's or server's log (other lines skipped)."""
+    out = []
+    for line in log.read_text(errors="replace").splitlines():
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(rec, dict) and rec.get("event") == name:
+            out.append(rec)
+    return out

@@ -19,7 +19,7 @@ from spotrun.daemon.lease import Lease
 from spotrun.db import open_db
 
 from conftest import kill_leftovers, write_trace
-from daemon_helpers import DaemonProc, write_home
+from daemon_helpers import DaemonProc, log_events, write_home
 from polling import wait_for
 
 REPO = Path(__file__).resolve().parent.parent
@@ -121,17 +121,6 @@ def _check(home: Path) -> tuple[int, dict]:
     return out.returncode, json.loads(out.stdout)
 
 
-def _events(log: Path, name: str) -> list[dict]:
-    out = []
-    for line in log.read_text(errors="replace").splitlines():
-        try:
-            rec = json.loads(line)
-        except ValueError:
-            continue
-        if rec.get("event") == name:
-            out.append(rec)
-    return out
-
 
 def test_sigterm_stops_cleanly_sighup_reloads_and_check_reports(tmp_home: Path, tmp_path: Path):
     trace = write_trace(tmp_path / "trace.csv", {"za": [1] * 20}, tick_s=600.0)
@@ -141,7 +130,7 @@ def test_sigterm_stops_cleanly_sighup_reloads_and_check_reports(tmp_home: Path, 
     log = tmp_path / "daemon.log"
     d = DaemonProc(tmp_home, log)
     try:
-        wait_for(lambda: _events(log, "lease_acquired"), 30, "the daemon to take the lease")
+        wait_for(lambda: log_events(log, "lease_acquired"), 30, "the daemon to take the lease")
         code, report = _check(tmp_home)
         assert code == 0 and report["ok"], report
         assert report["lease"]["pid"] == d.proc.pid
@@ -152,7 +141,7 @@ def test_sigterm_stops_cleanly_sighup_reloads_and_check_reports(tmp_home: Path, 
         toml = 'region = "eu-west-1"\n' + toml
         (tmp_home / "spotrun.toml").write_text(toml)
         os.kill(d.proc.pid, signal.SIGHUP)
-        rec = wait_for(lambda: _events(log, "reloaded"), 30, "the reload")[0]
+        rec = wait_for(lambda: log_events(log, "reloaded"), 30, "the reload")[0]
         assert rec["applied"] == ["daemon.heartbeat_timeout_s"]
         assert rec["ignored_need_restart"] == ["region"]
         assert rec["heartbeat_timeout_s"] == 45.0
@@ -160,7 +149,7 @@ def test_sigterm_stops_cleanly_sighup_reloads_and_check_reports(tmp_home: Path, 
 
         # SIGTERM: the loops stop after the pass in progress, the lease is released, exit 0.
         assert d.terminate(timeout_s=30) == 0
-        assert _events(log, "daemon_exit")[-1]["reason"] == "stopped"
+        assert log_events(log, "daemon_exit")[-1]["reason"] == "stopped"
         engine = open_db(f"sqlite:///{tmp_home / 'spotrun.db'}")
         assert Lease(engine, ttl_s=5).holder() is None
         engine.dispose()
@@ -181,9 +170,9 @@ def test_sigterm_while_waiting_for_the_lease_exits_cleanly(tmp_home: Path, tmp_p
     log = tmp_path / "daemon.log"
     d = DaemonProc(tmp_home, log)
     try:
-        wait_for(lambda: _events(log, "lease_waiting"), 30, "the daemon to wait")
+        wait_for(lambda: log_events(log, "lease_waiting"), 30, "the daemon to wait")
         assert d.terminate(timeout_s=30) == 0
-        assert not _events(log, "lease_acquired")
+        assert not log_events(log, "lease_acquired")
         assert other.holder().owner == "elsewhere"
     finally:
         if d.proc.poll() is None:

@@ -34,7 +34,7 @@ from spotrun.states import EndReason, JobState
 
 from conftest import kill_leftovers, write_trace
 from daemon_helpers import (WORKLOAD, all_booked, jobs_and_attempts, live_instance_pids,
-                            market_records, write_home)
+                            log_events, market_records, write_home)
 from pg_helpers import pg_db, pg_url  # noqa: F401  (fixtures)
 from polling import wait_for
 
@@ -254,18 +254,6 @@ def test_killed_leader_is_replaced_within_the_lease_ttl_and_no_job_runs_twice(
         engine.dispose()
 
 
-def _events(log: Path, name: str) -> list[dict]:
-    """The JSON log records of event name in a server's log."""
-    out = []
-    for line in log.read_text(errors="replace").splitlines():
-        try:
-            rec = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(rec, dict) and rec.get("event") == name:
-            out.append(rec)
-    return out
-
 
 def test_frozen_leader_loses_the_lease_after_the_ttl_and_its_server_waits_again(
         home: Path, pg_db: str, tmp_path: Path) -> None:  # noqa: F811
@@ -283,7 +271,7 @@ def test_frozen_leader_loses_the_lease_after_the_ttl_and_its_server_waits_again(
                  "server A's daemon to take the lease")
         b = ServerProc(home, pg_db, tmp_path / "server-b.log")
         servers.append(b)
-        wait_for(lambda: _events(tmp_path / "server-b.log", "lease_waiting"), 60,
+        wait_for(lambda: log_events(tmp_path / "server-b.log", "lease_waiting"), 60,
                  "server B's daemon to wait for the lease")
         os.kill(a.proc.pid, signal.SIGSTOP)
         t_stop = time.monotonic()
@@ -295,7 +283,7 @@ def test_frozen_leader_loses_the_lease_after_the_ttl_and_its_server_waits_again(
         assert takeover_s <= ttl_s + poll_s + 1.0, f"{takeover_s:.2f} s, TTL {ttl_s} s"
 
         os.kill(a.proc.pid, signal.SIGCONT)
-        wait_for(lambda: _events(tmp_path / "server-a.log", "daemon_standby"), 30,
+        wait_for(lambda: log_events(tmp_path / "server-a.log", "daemon_standby"), 30,
                  "woken A to find its lease lost and wait again")
         assert a.proc.poll() is None and _holder(engine).pid == b.proc.pid
         res = httpx.get(a.url + "/api/v1/jobs", timeout=10,
@@ -307,7 +295,7 @@ def test_frozen_leader_loses_the_lease_after_the_ttl_and_its_server_waits_again(
         assert b.stop() in (0, -signal.SIGTERM)
         wait_for(lambda: (h := _holder(engine)) is not None and h.pid == a.proc.pid,
                  ttl_s, "server A's daemon to lead again")
-        assert len(_events(tmp_path / "server-a.log", "lease_acquired")) == 2
+        assert len(log_events(tmp_path / "server-a.log", "lease_acquired")) == 2
         print(json.dumps({"frozen_takeover_s": round(takeover_s, 3), "lease_ttl_s": ttl_s,
                           "release_takeover_s": round(time.monotonic() - t_term, 3)}))
     finally:
