@@ -306,4 +306,5 @@ def test_a_small_budget_stops_within_a_few_percent_of_its_limit(rigs):
         [attempt] = attempts_of(s, job)
         margin_s = rig.scheduler.scopes.margin.seconds(s)
     assert 20.0 <= attempt.budget_stop_wall_s <= 40.0   # the 20 s grace, then the terminate
-    assert margin_s == max(60.0, 5.0 + attempt.budget_stop_wall_s)
+    prior_wall_s = rig.scheduler.scopes.margin.prior_wall_s   # measured stops only raise it
+    assert margin_s == max(60.0, 5.0 + max(prior_wall_s, attempt.budget_stop_wall_s))

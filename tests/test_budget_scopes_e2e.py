@@ -8,9 +8,10 @@ launch commits the stop margin's prior, the longest stop the daemon allows
 (spotrun.ledger.stopmargin): a 0.5 s check, 0.2 + 20 + 0.2 s of reconcile ticks and save
 window, the market's 5 s terminate; 25.9 wall s at x120, $0.8633 at $1/h. The $2 budget
 holds two launches, not three. The two stop when their spend plus that commitment reaches
-$2, after about $0.27 of spend; their stops are measured (a few seconds), which frees room:
-the third launches then, with the measured margin, and stops at the budget in turn. Spend
-never passes the budget, and at the end no launch fits.
+$2, after about $0.27 of spend. Their stops are measured (a few seconds), but a measured stop
+never lowers the margin below the prior (a third launch let in by quick stops once overran
+the budget on a loaded box), so the third job waits for good. Spend never passes the
+budget, and at the end no launch fits.
 """
 
 from __future__ import annotations

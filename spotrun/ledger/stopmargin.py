@@ -6,12 +6,13 @@ room, per node, at the job's price (spotrun.ledger.committed). It follows what a
 - each budget stop is measured: wall seconds from the job's stop request (its
   `budget_stop_requested` event) to the reconcile loop seeing the instance gone, kept on
   the attempt (`Attempt.budget_stop_wall_s`, `record_stop`);
-- the stop time is the longest of the last `RECENT_STOPS` measured; before any, the
-  longest stop the daemon allows (`prior_stop_wall_s`): the reconcile loop's save window
+- the stop time is the prior, raised by any longer one among the last `RECENT_STOPS`
+  measured (measured stops never lower it); the prior is the longest stop the daemon
+  allows (`prior_stop_wall_s`): the reconcile loop's save window
   (`SAVE_WINDOW_S`: it terminates an instance that has not stopped by then), a reconcile
   tick before the window opens and one after it closes, then the provider's stated
-  terminate time (`ProviderFacts.terminate_wall_s`). A budget is never overrun: until a
-  stop is measured, the margin must cover a job that never saves and has to be terminated;
+  terminate time (`ProviderFacts.terminate_wall_s`). A budget is never overrun: the margin
+  covers a job that never saves and has to be terminated;
 - to it comes one check interval of the daemon (the longer of the spend and schedule
   loops'): a crossing is seen at the next check, not the moment it happens;
 - wall seconds become provider seconds at the market's time scale (x60: a 4 s stop is 240
@@ -61,9 +62,10 @@ class StopMargin:
         return max(self.floor_s, (self.check_wall_s + stop_wall_s) * self.time_scale)
 
     def seconds(self, s: Any) -> float:
-        """The margin now, from the stops measured in this database (one query)."""
-        measured = recent_stops_wall_s(s)
-        return self.of_stop(max(measured) if measured else self.prior_wall_s)
+        """The margin now: the prior, raised by a longer stop measured in this database (one
+        query). Measured stops only raise it: a quick stop seen on a quiet box must not let
+        a budget be overrun by a slower one later (a loaded daemon's stop took longer)."""
+        return self.of_stop(max([self.prior_wall_s, *recent_stops_wall_s(s)]))
 
 
 def stop_margin_for(settings: Any) -> StopMargin:
