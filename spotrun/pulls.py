@@ -7,7 +7,6 @@ both); the newest verified checkpoint is exported to `checkpoint/model.pt` (and
 
 from __future__ import annotations
 
-import hashlib
 import json
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -18,6 +17,7 @@ from spotrun.db import job_named, session
 from spotrun.errors import BadInputError, ChecksumMismatch, SpotrunError, StoreError
 from spotrun.store import open_store
 from spotrun.store.base import ObjectStore
+from spotrun.store.localfile import file_sha256
 from spotrun.store.progress import one_bar, transfer_bar
 
 CHECKPOINT_DIR = "checkpoint"
@@ -29,13 +29,6 @@ def _safe_rel(rel: str) -> str:
         raise StoreError("unsafe path in outputs.json", field="outputs", value=rel)
     return p.as_posix()
 
-
-def _sha(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def pull_outputs(store: ObjectStore, job_id: str, dest: Path,
@@ -54,7 +47,7 @@ def pull_outputs(store: ObjectStore, job_id: str, dest: Path,
         target = dest / rel
         store.get_file(f"{layout.outputs_prefix(job_id)}/{rel}", target,
                        progress=(lambda d, t, rel=rel: progress(rel, d, t)) if progress else None)
-        if _sha(target) != meta.get("sha256"):
+        if file_sha256(target) != meta.get("sha256"):
             raise ChecksumMismatch("sha256 differs from outputs.json", field="outputs", value=rel)
         out.append({"path": rel, "size": meta.get("size"), "attempt": meta.get("attempt")})
     return out

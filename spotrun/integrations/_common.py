@@ -9,7 +9,6 @@ as the resume point and the daemon reads the job's progress from it. The manifes
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -26,7 +25,7 @@ from spotrun.checkpoints import (MANIFEST, Manifest, apply_retention, checkpoint
 from spotrun.errors import ChecksumMismatch, ObjectNotFound, StoreError
 from spotrun.store import open_store
 from spotrun.store.base import ObjectStore
-from spotrun.store.localfile import write_atomic
+from spotrun.store.localfile import file_sha256, write_atomic
 
 log = logging.getLogger("spotrun.integrations")
 
@@ -168,18 +167,11 @@ def download(store: ObjectStore, name: str, dest: Path) -> Manifest:
         target = dest / flat.replace(SEP, "/")
         target.parent.mkdir(parents=True, exist_ok=True)
         store.get_file(f"{name}/{flat}", target)
-        if _sha_file(target) != meta["sha256"]:
+        if file_sha256(target) != meta["sha256"]:
             target.unlink()
             raise ChecksumMismatch("sha256 differs", field="checkpoint", value=f"{name}/{flat}")
     return manifest
 
-
-def _sha_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def newest_of_kind(store: ObjectStore, kind: str, prefer: str | None = None,

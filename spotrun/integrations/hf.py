@@ -34,9 +34,10 @@ from transformers import TrainerCallback
 
 from spotrun import jobfiles
 from spotrun.checkpoints import read_manifest
-from spotrun.integrations._common import (SEP, CallbackBase, _sha_file, download, folder_files,
+from spotrun.integrations._common import (SEP, CallbackBase, download, folder_files,
                                           job_store, newest_of_kind, note_save,
                                           restore_job_files, upload_files)
+from spotrun.store.localfile import file_sha256
 from spotrun.torch.rng import get_rng_state, set_rng_state
 
 log = logging.getLogger("spotrun.integrations.hf")
@@ -289,7 +290,7 @@ def _has_files(dest: Path, manifest: Any) -> bool:
         path = dest / flat.replace(SEP, "/")
         if not path.is_file() or path.stat().st_size != int(meta["size"]):
             return False
-        if _sha_file(path) != meta["sha256"]:
+        if file_sha256(path) != meta["sha256"]:
             return False
     return True
 

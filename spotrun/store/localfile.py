@@ -54,6 +54,15 @@ def write_atomic(dest: Path, chunks: Iterable[bytes], progress: ProgressFn | Non
     return digest.hexdigest()
 
 
+def file_sha256(path: Path, chunk_bytes: int = 1 << 20) -> str:
+    """The SHA256 hex digest of a local file, read in chunks."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(chunk_bytes), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
 def fsync_dir(path: Path) -> None:
     """Make a rename in path durable (best effort where directories cannot be opened)."""
     try:

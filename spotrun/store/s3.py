@@ -21,7 +21,7 @@ from spotrun.aws_clients import RetryPolicy, error_code, make_client, use_retrie
 from spotrun.errors import ChecksumMismatch, ConfigError, ObjectNotFound, StoreError
 from spotrun.store.base import (CloudPutFile, ObjectInfo, ProgressFn, StoreFeature, bucket_of,
                                 join_key, listing_prefix, validate_key)
-from spotrun.store.localfile import write_atomic
+from spotrun.store.localfile import file_sha256, write_atomic
 
 META_SHA = "sha256"
 MIN_PART_SIZE = 5 * 1024 * 1024          # S3's floor for every part but the last
@@ -109,7 +109,7 @@ class S3Store(CloudPutFile):
         from boto3.s3.transfer import TransferConfig
         before = src.stat()
         total = before.st_size
-        digest = _file_sha(src)
+        digest = file_sha256(src, _READ_CHUNK)
         config = TransferConfig(multipart_threshold=max(self.multipart_threshold, MIN_PART_SIZE),
                                 multipart_chunksize=self.part_size,
                                 max_concurrency=self.max_concurrency, use_threads=True)
@@ -238,13 +238,6 @@ class _Progress:
 def _sha(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
-
-def _file_sha(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(_READ_CHUNK), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 

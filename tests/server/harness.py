@@ -114,3 +114,13 @@ def start_team(tmp: Path, *, max_failures: int = 5, settings: Any = None) -> Ite
         server.should_exit = True
         thread.join(timeout=30)
         sock.close()
+
+
+def one_line_exit_2(res: subprocess.CompletedProcess, *words: str) -> str:
+    """Assert a CLI call failed as bad input does: exit 2, one line on stderr holding words."""
+    assert res.returncode == 2, (res.stdout, res.stderr)
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in res.stderr, res.stderr
+    for w in words:
+        assert w in lines[0], lines[0]
+    return lines[0]

@@ -5,17 +5,9 @@ from __future__ import annotations
 
 import json
 import stat
-import subprocess
 
-from server.harness import Team, add_job
+from server.harness import Team, add_job, one_line_exit_2
 
-
-def _one_line_exit_2(res: subprocess.CompletedProcess, *words: str) -> None:
-    assert res.returncode == 2, (res.stdout, res.stderr)
-    lines = res.stderr.strip().splitlines()
-    assert len(lines) == 1 and "Traceback" not in res.stderr, res.stderr
-    for w in words:
-        assert w in lines[0], lines[0]
 
 
 def test_roles_owners_and_the_trail_through_the_cli(team: Team) -> None:
@@ -36,17 +28,17 @@ def test_roles_owners_and_the_trail_through_the_cli(team: Team) -> None:
     assert res.returncode == 0 and "job-bob" in res.stdout and "owner bob" in res.stdout
     # alice cannot cancel bob's job; a viewer cannot cancel; an admin can
     res = team.cli("alice", "cancel", "job-bob")
-    _one_line_exit_2(res, "job-bob", "bob's")
+    one_line_exit_2(res, "job-bob", "bob's")
     with team.client("alice") as c:
         assert c.post("/api/v1/jobs/job-bob/cancel").status_code == 403
-    _one_line_exit_2(team.cli("vera", "cancel", "job-alice"), "role member")
+    one_line_exit_2(team.cli("vera", "cancel", "job-alice"), "role member")
     res = team.cli("alice", "cancel", "job-alice")
     assert res.returncode == 0 and res.stdout.strip() == "job-alice cancelled", res.stderr
     res = team.cli("ada", "cancel", "job-bob")
     assert res.returncode == 0 and res.stdout.strip() == "job-bob cancelled", res.stderr
-    _one_line_exit_2(team.cli("ada", "cancel", "nope"), "JOB", "no such job")
+    one_line_exit_2(team.cli("ada", "cancel", "nope"), "JOB", "no such job")
     res = team.cli("ada", "resume", "job-bob", "--json")
-    _one_line_exit_2(res, "only budget_exhausted or failed")
+    one_line_exit_2(res, "only budget_exhausted or failed")
     # the trail, as the admin sees it remotely; members may not read it
     res = team.cli("ada", "trail", "--json")
     assert res.returncode == 0, res.stderr
@@ -57,7 +49,7 @@ def test_roles_owners_and_the_trail_through_the_cli(team: Team) -> None:
     assert ("ada", "cancel", "job-bob", "ok") in rows
     assert ("ada", "cancel", "nope", "error") in rows
     assert ("ada", "resume", "job-bob", "error") in rows
-    _one_line_exit_2(team.cli("alice", "trail"), "role admin")
+    one_line_exit_2(team.cli("alice", "trail"), "role admin")
     # the token is in no log, trail row, event or output
     outs = res.stdout + res.stderr
     for user, token in team.tokens.items():
@@ -79,9 +71,9 @@ def test_bad_revoked_and_repeated_tokens(team: Team) -> None:
         assert c.get("/api/v1/whoami").json()["user"] == "bob"
     from spotrun.server import identity
     identity.revoke(team.engine, "bob")
-    _one_line_exit_2(team.cli("bob", "status"), "Authorization", "unknown or revoked")
+    one_line_exit_2(team.cli("bob", "status"), "Authorization", "unknown or revoked")
     res = team.cli("alice", "login", team.url, "--token", "spotrun_0123456789ab_wrong")
-    _one_line_exit_2(res, "Authorization")
+    one_line_exit_2(res, "Authorization")
     assert not (team.tmp / "laptop-alice" / ".config" / "spotrun" / "remote.json").exists()
     # repeated bad tokens from one address: 429 with Retry-After, until the window passes
     bad = {"Authorization": "Bearer spotrun_0123456789ab_nope"}

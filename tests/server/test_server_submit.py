@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import io
 import json
-import subprocess
 import tarfile
 from pathlib import Path
 
@@ -18,7 +17,7 @@ from spotrun.config import load_settings
 from spotrun.db import Job, session
 from spotrun.store import open_store
 
-from server.harness import Team
+from server.harness import Team, one_line_exit_2
 
 SPEC = ("name: {name}\ncommand: python train.py\nworkdir: code\n"
         "work: {{reference_hours: 1.0, reference_instance: p3.2xlarge}}\n")
@@ -39,14 +38,6 @@ def _jobs(team: Team) -> dict[str, str]:
         return {j.id: j.owner for j in s.exec(select(Job))}
 
 
-def _one_line_exit_2(res: subprocess.CompletedProcess, *words: str) -> str:
-    assert res.returncode == 2, (res.stdout, res.stderr)
-    lines = res.stderr.strip().splitlines()
-    assert len(lines) == 1 and "Traceback" not in res.stderr, res.stderr
-    for w in words:
-        assert w in lines[0], lines[0]
-    return lines[0]
-
 
 def test_submit_streams_the_bundle_and_owns_the_job_as_the_caller(team: Team) -> None:
     team.login("alice", "bob", "vera", "ada")
@@ -66,9 +57,9 @@ def test_submit_streams_the_bundle_and_owns_the_job_as_the_caller(team: Team) ->
     assert res.returncode == 0, res.stderr
     assert _jobs(team)[res.stdout.strip()] == "bob"
     # another owner: members 403, admins may; viewers cannot submit at all
-    _one_line_exit_2(team.cli("alice", "submit", str(_spec(team, "alice", "jc")), "--owner",
+    one_line_exit_2(team.cli("alice", "submit", str(_spec(team, "alice", "jc")), "--owner",
                               "bob"), "--owner", "only an admin")
-    _one_line_exit_2(team.cli("vera", "submit", str(_spec(team, "vera", "jv"))),
+    one_line_exit_2(team.cli("vera", "submit", str(_spec(team, "vera", "jv"))),
                      "role member")
     res = team.cli("ada", "submit", str(_spec(team, "ada", "jd")), "--owner", "bob")
     assert res.returncode == 0 and _jobs(team)[res.stdout.strip()] == "bob", res.stderr
@@ -101,7 +92,7 @@ def test_dry_run_and_plan_go_through_the_server_and_write_nothing(team: Team) ->
     assert res.returncode == 0 and "decided on the team server" in res.stdout, res.stderr
     bad = spec.parent / "bad.yaml"
     bad.write_text("name: x\ncommand: c\nresources: {instance_types: [no.such]}\n")
-    _one_line_exit_2(team.cli("vera", "plan", str(bad)), "no.such")
+    one_line_exit_2(team.cli("vera", "plan", str(bad)), "no.such")
     assert _jobs(team) == {}
     assert not any(r["action"] == "submit" for r in
                    __import__("spotrun.db.trail", fromlist=["x"]).trail_view(team.engine))
@@ -148,7 +139,7 @@ def test_a_bundle_over_the_limit_is_refused_naming_the_setting(team: Team) -> No
     team.login("alice")
     spec = _spec(team, "alice", "big")
     (spec.parent / "code" / "weights.bin").write_bytes(__import__("os").urandom(64 * 1024))
-    line = _one_line_exit_2(team.cli("alice", "submit", str(spec)), "server.max_bundle_mb",
+    line = one_line_exit_2(team.cli("alice", "submit", str(spec)), "server.max_bundle_mb",
                             "at most 0.01 MB")
     assert "Traceback" not in line
     # a chunked body (no declared length) is cut off as it streams
