@@ -4,13 +4,13 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
-# Three workers, one test module each at a time (module fixtures stay whole), even on 2 cores:
-# most tests wait on processes and paced market clocks, so two workers leave the cores idle
-# (2-core box: 661 s with three on a quiet box; 1,026 s with two beside a benchmark). The
-# load fixture shares its busy loops among the workers: the machine carries the same load.
+# Four workers, one test module each at a time (module fixtures stay whole), even on 2 cores:
+# most tests wait on processes and paced market clocks, so fewer workers leave the cores idle
+# (2-core box, same tree: 1,061 s with four, 1,180-1,220 s with three; docs/benchmarks.md).
+# The load fixture shares its busy loops among the workers: the machine carries the same load.
 # Modules go out in collection order, which tests/conftest.py starts with the longest (xdist
 # would sort them by test count). TEST_WORKERS=0 runs in one process.
-TEST_WORKERS ?= 3
+TEST_WORKERS ?= 4
 
 .PHONY: install demo test bench clean
 

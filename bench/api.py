@@ -142,10 +142,12 @@ def direct_calls(settings: Any, engine: Any, job_id: str, spec: Path) -> list[Ca
             lambda: backend.submit(str(spec), owner=None, dry_run=False)]
 
 
-def run_phase(clients: list[list[Callable]], seconds: float, think_s: float
-              ) -> dict[str, list[float]]:
-    """Every client calls its kinds in turn until the time is up; seconds per call by kind."""
+def run_phase(clients: list[list[Callable]], seconds: float, think_s: float,
+              warmup_s: float = 0.0) -> dict[str, list[float]]:
+    """Every client calls its kinds in turn until the time is up; seconds per call by kind
+    (calls started in the first warmup_s are made but not counted)."""
     took: dict[str, list[float]] = {k: [] for k in KINDS}
+    counted_from = time.perf_counter() + warmup_s
     errors: list[str] = []
     lock = threading.Lock()
     stop = threading.Event()
@@ -160,8 +162,9 @@ def run_phase(clients: list[list[Callable]], seconds: float, think_s: float
                 with lock:
                     errors.append(f"{KINDS[k]}: {exc}")
             else:
-                with lock:
-                    took[KINDS[k]].append(time.perf_counter() - t)
+                if t >= counted_from:
+                    with lock:
+                        took[KINDS[k]].append(time.perf_counter() - t)
             k = (k + 1) % len(KINDS)
             if think_s:
                 stop.wait(think_s)
@@ -170,7 +173,7 @@ def run_phase(clients: list[list[Callable]], seconds: float, think_s: float
                for i, c in enumerate(clients)]
     for t in threads:
         t.start()
-    stop.wait(seconds)
+    stop.wait(warmup_s + seconds)
     stop.set()
     for t in threads:
         t.join(timeout=300)
@@ -206,6 +209,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seconds", type=float, default=30.0, help="length of each phase")
     p.add_argument("--think-s", type=float, default=0.0,
                    help="each client's pause between calls (0: closed loop)")
+    p.add_argument("--warmup-s", type=float, default=5.0,
+                   help="calls made first and not counted, each phase (a server's first "
+                        "calls import modules and build the shared status list)")
     p.add_argument("--process-calls", type=int, default=3,
                    help="`spotrun status --json` processes timed one at a time")
     p.add_argument("--profile", default=None, help="run the server under cProfile, into FILE")
@@ -229,7 +235,8 @@ def main(argv: list[str] | None = None) -> int:
     load0 = os.getloadavg()[0]
     try:
         made = [api_calls(f"http://127.0.0.1:{port}", tok, one, body) for tok in tokens]
-        api = run_phase([calls for calls, _ in made], args.seconds, args.think_s)
+        api = run_phase([calls for calls, _ in made], args.seconds, args.think_s,
+                        args.warmup_s)
         for _, client in made:
             client.close()
     finally:
@@ -237,7 +244,7 @@ def main(argv: list[str] | None = None) -> int:
         log.close()
     load1 = os.getloadavg()[0]
     direct = run_phase([direct_calls(settings, engine, one, spec) for _ in range(args.clients)],
-                       args.seconds, args.think_s)
+                       args.seconds, args.think_s, args.warmup_s)
     load2 = os.getloadavg()[0]
     with session(engine) as s:
         total = sum(1 for _ in iter_jobs(s))
@@ -245,7 +252,8 @@ def main(argv: list[str] | None = None) -> int:
     procs = process_status(settings, args.process_calls) if args.process_calls else []
 
     print(f"\n{args.jobs} jobs at the start, {total} after both phases; {args.clients} "
-          f"clients, think {args.think_s:g} s, {args.seconds:g} s per phase; load average "
+          f"clients, think {args.think_s:g} s, {args.seconds:g} s per phase after "
+          f"{args.warmup_s:g} s of warm-up; load average "
           f"{load0:.1f} / {load1:.1f} / {load2:.1f} (start / after api / after direct)\n")
     print("| call | api calls | api ms p50 / p99 / max | direct calls | direct ms p50 / p99 / "
           "max | p99 api / direct |")

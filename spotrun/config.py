@@ -174,6 +174,11 @@ class ServerSettings:
     session_hours: Annotated[float, Strict(), Field(gt=0, le=720, allow_inf_nan=False,
                                                     description="a number of hours in (0, 720]")
                              ] = 12.0
+    # How old the shared `status` list may get before one call starts its rebuild (others
+    # are served the last build meanwhile); a job this server changed is always current.
+    status_max_age_s: Annotated[float, Strict(), Field(ge=0, le=300, allow_inf_nan=False,
+                                                       description="seconds in [0, 300]")
+                                ] = 2.0
 
 
 # ---------------------------------------------------------------- [budgets]

@@ -16,10 +16,14 @@ from sqlmodel import Session
 
 from spotrun import layout
 from spotrun.budgets.submit import os_user, refuse_unfit, submit_owner
+from spotrun.daemon.nodes import is_multi, members_of
 from spotrun.bundle import drop_bundle, upload_bundle
-from spotrun.providers.facts import catalog_for
+from spotrun.interrupts import DEFAULT_NOTICE_S, Interrupted, check_notice_s
+from spotrun.providers import make_provider
+from spotrun.providers.facts import catalog_for, facts_for
 from spotrun.config import Settings
-from spotrun.db import Attempt, Job, add_event, find_job, new_job_id, session, utcnow
+from spotrun.db import Attempt, Job, add_event, attempts_of, find_job, new_job_id, nodes_of, \
+    session, utcnow
 from spotrun.db.faults import check_writable
 from spotrun.errors import BadInputError, NotFoundError, SpotrunError
 from spotrun.ledger.budget import raise_budget
@@ -47,32 +51,34 @@ class Submission:
 
 
 def validate_submission(path: str | Path, settings: Settings, *,
-                        owner: str | None = None) -> Submission:
+                        owner: str | None = None, history: Any = None) -> Submission:
     """Validate a spec file against the catalog and the provider's zones, and the owner
-    (`--owner`, where `[budgets] allow_owner_override` allows one; writes nothing)."""
+    (`--owner`, where `[budgets] allow_owner_override` allows one; writes nothing; history:
+    the pool history to check against, default the state database's)."""
     owner = submit_owner(settings, owner)
     catalog = catalog_for(settings)
     zones = known_zones(settings)
     spec = load_spec_file(path, instance_types=catalog.names(), zones=zones,
                           catalog=catalog_label(settings))
-    return submission_of(spec, settings, owner, catalog, zones)
+    return submission_of(spec, settings, owner, catalog, zones, history=history)
 
 
 def validate_spec_bytes(data: bytes, label: str, settings: Settings, *, owner: str,
-                        base_dir: Path, workdir: str | None) -> Submission:
+                        base_dir: Path, workdir: str | None, history: Any = None) -> Submission:
     """validate_submission for a spec sent to the team server: owner already decided (the
-    authenticated user), workdir the server's extracted copy of the uploaded bundle."""
+    authenticated user), workdir the server's extracted copy of the uploaded bundle, history
+    the server's shared pool history."""
     catalog = catalog_for(settings)
     zones = known_zones(settings)
     spec = parse_spec_bytes(data, label, base_dir=base_dir, instance_types=catalog.names(),
                             zones=zones, catalog=catalog_label(settings), workdir=workdir)
-    return submission_of(spec, settings, owner, catalog, zones)
+    return submission_of(spec, settings, owner, catalog, zones, history=history)
 
 
 def submission_of(spec: JobSpec, settings: Settings, owner: str, catalog: Any,
-                  zones: list[str]) -> Submission:
+                  zones: list[str], *, history: Any = None) -> Submission:
     """A validated spec's Submission: refusals and warnings, a fresh id, where it lives."""
-    warnings = refuse_never_runs(spec, settings, catalog, zones)
+    warnings = refuse_never_runs(spec, settings, catalog, zones, history=history)
     job_id = new_job_id(spec.name)
     store_uri = settings.store_url
     if spec.checkpoint.uri:
@@ -85,15 +91,15 @@ def submission_of(spec: JobSpec, settings: Settings, owner: str, catalog: Any,
 
 
 def refuse_never_runs(spec: JobSpec, settings: Settings, catalog: Any,
-                      zones: list[str]) -> list[str]:
+                      zones: list[str], *, history: Any = None) -> list[str]:
     """Raise the refusal (exit 2) for a job no type, zone and market can ever run; else warnings.
 
     The catalog's prices suffice: what can never run does not depend on prices.
     """
     # lazy: start-up cost (the decision imports numpy; `status` imports this module)
     from spotrun.decide.from_settings import decide_for_cli, offline_market
-    return decide_for_cli(spec, settings, catalog,
-                          offline_market(settings, catalog, zones)).warnings
+    return decide_for_cli(spec, settings, catalog, offline_market(settings, catalog, zones),
+                          history=history).warnings
 
 
 def submit(sub: Submission, engine: Engine, progress: ProgressFn | None = None,
@@ -223,3 +229,44 @@ def resume_job(engine: Engine, ref: str, budget_usd: float | None = None) -> Job
         s.commit()
         return job
 
+
+def current_instances(engine: Any, job_ref: str) -> tuple[str, Attempt | None, dict[int, str]]:
+    """(job id, its live attempt, node rank -> instance id) of what the job runs on now."""
+    with session(engine) as s:
+        job = find_job(s, job_ref)
+        if job is None:
+            raise NotFoundError("no such job", field="job", value=job_ref)
+        live = [a for a in attempts_of(s, job.id) if not a.state.is_terminal()]
+        if not live:
+            return job.id, None, {}
+        att = live[-1]
+        if is_multi(att):
+            return job.id, att, {n.node_rank: n.instance_id or ""
+                                 for n in members_of(nodes_of(s, att.id))}
+        return job.id, att, ({0: att.instance_id} if att.instance_id else {})
+
+
+def interrupt_job(settings: Settings, engine: Any, job_ref: str, *, node: int | None,
+                  notice_s: float | None, provider: Any = None) -> Interrupted:
+    """Send the provider's interruption to the job's current instance(s) (node: that rank
+    only; notice_s None: the provider's own window; provider: default settings')."""
+    check_notice_s(notice_s)
+    facts = facts_for(settings)
+    if notice_s is None:
+        notice_s = facts.notice_window_s(settings) or DEFAULT_NOTICE_S
+    job_id, att, ranks = current_instances(engine, job_ref)
+    if not ranks:
+        raise NotFoundError("the job runs on no instance now", field="job", value=job_id,
+                            hint="`spotrun status JOB` shows its state")
+    if node is not None:
+        if node not in ranks:
+            raise BadInputError(f"no such running node; allowed: "
+                                f"{', '.join(str(r) for r in sorted(ranks))}", field="--node",
+                                value=node)
+        ranks = {node: ranks[node]}
+    provider = provider or make_provider(settings)
+    done = provider.interrupt(list(ranks.values()), notice_s=notice_s)
+    by_id = {d.instance_id: d for d in done}
+    return Interrupted(job_id=job_id, attempt=att.number if att else None, notice_s=notice_s,
+                       provider=provider.name, clock=facts.clock_name,
+                       nodes=[(r, by_id[i]) for r, i in sorted(ranks.items())])

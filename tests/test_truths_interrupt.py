@@ -11,7 +11,7 @@ from click.testing import CliRunner
 from conftest import write_trace
 
 from spotrun.cli import cli
-from spotrun.cli.interrupt import said
+from spotrun.interrupts import said
 from spotrun.config import load_settings
 from spotrun.db import Attempt, open_db, session
 from spotrun.jobs import submit, validate_submission

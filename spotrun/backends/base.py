@@ -7,6 +7,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Callable, Iterator, Protocol
 
+from spotrun.interrupts import Interrupted
+
 
 @dataclass(frozen=True)
 class Cancelled:
@@ -58,6 +60,9 @@ class Backend(Protocol):
 
     def resume(self, ref: str, budget_usd: float | None) -> dict[str, Any]:
         """Resume a stopped job; `resume --json`."""
+
+    def interrupt(self, ref: str, *, node: int | None, notice_s: float | None) -> Interrupted:
+        """Send the provider's interruption to the job's current instance(s)."""
 
     def audit(self, refs: list[str], *, since: datetime | None, until: datetime | None,
               hindsight: bool) -> list[Any]:

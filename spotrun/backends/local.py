@@ -11,8 +11,9 @@ from spotrun.budgets.source import (change_detail, check_budget, no_row, remove_
                                     set_budget)
 from spotrun.config import Settings, load_settings, scope_key
 from spotrun.db import database_missing, find_job, open_state_db, session
-from spotrun.jobs import request_cancel, resume_job
-from spotrun.ui.views import audit_view, budgets_view, status_view
+from spotrun.interrupts import Interrupted
+from spotrun.jobs import interrupt_job, request_cancel, resume_job
+from spotrun.ui.views import Reports, audit_view, budgets_view, status_view
 
 
 def cancel_dict(job: Any) -> dict[str, Any]:
@@ -44,9 +45,16 @@ def resume_dict(job: Any) -> dict[str, Any]:
 class LocalBackend:
     """Views and actions over the local state database (also what the server runs)."""
 
-    def __init__(self, settings: Settings | None = None, engine: Any = None) -> None:
+    def __init__(self, settings: Settings | None = None, engine: Any = None,
+                 provider: Any = None) -> None:
         self.settings = settings or load_settings()
         self._engine = engine
+        # A provider the caller already holds (a test's in-process market); else settings'
+        # provider, made when a verb needs one.
+        self._provider = provider
+        # Kept across calls (a server's backend lives long): an attempt's final reports
+        # never change, so each is read from the store once.
+        self._reports = Reports()
 
     def engine(self, job_ref: str | None = None) -> Any:
         """The state database (a lookup on a home with none is not found; creates nothing)."""
@@ -56,7 +64,18 @@ class LocalBackend:
 
     def status(self, ref: str | None, *, events: bool = False) -> Any:
         """`status --json`."""
-        return status_view(self.settings, ref, events=events, engine=self.engine(ref))
+        return status_view(self.settings, ref, events=events, engine=self.engine(ref),
+                           reports=self._reports)
+
+    def status_list(self) -> list[dict[str, Any]]:
+        """`status --json` of every job (no events)."""
+        return self.status(None)
+
+    def status_entry(self, ref: str) -> dict[str, Any]:
+        """One job as `status --json` lists it (no events)."""
+        one = self.status(ref)
+        one.pop("events", None)
+        return one
 
     def submit(self, spec_file: str, *, owner: str | None, dry_run: bool,
                progress: Progress | None = None) -> Submitted:
@@ -101,6 +120,11 @@ class LocalBackend:
     def resume(self, ref: str, budget_usd: float | None) -> dict[str, Any]:
         """`resume --json`."""
         return resume_dict(resume_job(self.engine(ref), ref, budget_usd))
+
+    def interrupt(self, ref: str, *, node: int | None, notice_s: float | None) -> Interrupted:
+        """Send the provider's interruption to the job's current instance(s)."""
+        return interrupt_job(self.settings, self.engine(ref), ref, node=node, notice_s=notice_s,
+                             provider=self._provider)
 
     def audit(self, refs: list[str], *, since: datetime | None, until: datetime | None,
               hindsight: bool) -> list[Any]:

@@ -19,6 +19,7 @@ import httpx
 
 from spotrun.backends.base import Cancelled, Progress, Submitted
 from spotrun.backends.revive import job_audit, revive_times
+from spotrun.interrupts import Interrupted
 from spotrun.errors import (AuthError, BadInputError, ForbiddenError, NotFoundError,
                             SpotrunError, TooLargeError, TooManyAttemptsError)
 
@@ -181,6 +182,12 @@ class RemoteBackend:
     def resume(self, ref: str, budget_usd: float | None) -> dict[str, Any]:
         """`resume --json`."""
         return self._call("POST", f"/jobs/{quote(ref, safe='')}/resume", json={"budget_usd": budget_usd}).json()
+
+    def interrupt(self, ref: str, *, node: int | None, notice_s: float | None) -> Interrupted:
+        """Send the provider's interruption (members their own jobs, admins any)."""
+        return Interrupted.from_dict(self._call(
+            "POST", f"/jobs/{quote(ref, safe='')}/interrupt",
+            json={"node": node, "notice_s": notice_s}).json())
 
     def audit(self, refs: list[str], *, since: datetime | None, until: datetime | None,
               hindsight: bool) -> list[Any]:

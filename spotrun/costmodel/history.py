@@ -7,9 +7,11 @@ holds figures given in code (simulations, tests); NoHistory means priors only.
 from __future__ import annotations
 
 import math
+import threading
+import time
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Protocol, runtime_checkable
+from typing import Callable, Protocol, runtime_checkable
 
 from sqlalchemy.engine import Engine
 from sqlmodel import select
@@ -99,8 +101,12 @@ class DbHistory:
         Restart overhead = running_at - started_at (boot, setup and restore), any market.
         """
         acc: dict[PoolKey, list[float]] = {}
+        # Columns, not Attempt objects: a submit's check reads every attempt ever run, and
+        # building ORM objects for 1,000s of them was most of a submit's time.
+        cols = (Attempt.instance_type, Attempt.zone, Attempt.started_at, Attempt.ended_at,
+                Attempt.running_at, Attempt.market, Attempt.end_reason, Attempt.notice_at)
         with session(self.engine) as s:
-            rows = list(s.exec(select(Attempt).where(Attempt.started_at.is_not(None))))
+            rows = list(s.exec(select(*cols).where(Attempt.started_at.is_not(None))))
         for a in rows:
             key = (a.instance_type, a.zone)
             hrs, recl, caught, rs, rn = acc.setdefault(key, [0.0, 0.0, 0.0, 0.0, 0.0])
@@ -137,6 +143,33 @@ class DbHistory:
                 save_s = float(cs)
         return JobStats(steps_per_s=speeds, checkpoint_save_s=save_s,
                         reclaims=reclaim_records(rows, job.last_step if job else None))
+
+
+class SharedHistory(DbHistory):
+    """DbHistory whose pool stats are read at most once per max_age_s of wall time and shared
+    (the team server: a check of every submit read every attempt ever run, most of a
+    submit's time under 20 clients). Weights then lag by at most that age: with half-lives
+    of hours, a second changes none of them."""
+
+    def __init__(self, engine: Engine, max_age_s: float = 1.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        super().__init__(engine)
+        self.max_age_s = max_age_s
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._pools: dict[float, tuple[float, dict[PoolKey, PoolStats]]] = {}
+
+    def pool_stats(self, now: datetime, half_life_h: float) -> dict[PoolKey, PoolStats]:
+        """The last reading for this half-life if younger than max_age_s, else a new one."""
+        t = self._clock()
+        with self._lock:
+            hit = self._pools.get(half_life_h)
+            if hit is not None and t - hit[0] <= self.max_age_s:
+                return hit[1]
+        stats = super().pool_stats(now, half_life_h)
+        with self._lock:
+            self._pools[half_life_h] = (t, stats)
+        return stats
 
 
 def reclaim_records(attempts: list[Attempt], job_step: int | None) -> tuple[ReclaimRecord, ...]:

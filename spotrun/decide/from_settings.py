@@ -66,10 +66,12 @@ def offline_market(settings: Settings, catalog: Catalog, zones: list[str]) -> Ma
 
 
 def decide_for_cli(spec: JobSpec, settings: Settings, catalog: Catalog, market: MarketSnapshot,
-                   *, provider: Any = None, refuse: bool = True) -> Placement:
-    """decide() on the CLI's inputs; raises the refusal (exit 2) for a job that never runs."""
-    engine = _engine(settings)
-    hist: HistorySource = NoHistory() if engine is None else DbHistory(engine)
+                   *, provider: Any = None, refuse: bool = True,
+                   history: HistorySource | None = None) -> Placement:
+    """decide() on the CLI's inputs; raises the refusal (exit 2) for a job that never runs
+    (history: the pool history to read, default the state database's where there is one)."""
+    engine = _engine(settings) if history is None or provider is not None else None
+    hist: HistorySource = history or (NoHistory() if engine is None else DbHistory(engine))
     left = hours_left(spec.policy.deadline, datetime.now(timezone.utc))
     facts = facts_for(settings)
     scale = facts.time_scale(settings)

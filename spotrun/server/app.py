@@ -15,8 +15,13 @@ import anyio
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 
+# The decision (numpy, the priors), which the CLI imports lazily for its own start-up: a
+# server loads it once as it starts, not in its first submit's time.
+import spotrun.decide.from_settings  # noqa: F401
+import spotrun.planning.plans  # noqa: F401
 from spotrun.backends.local import LocalBackend
 from spotrun.config import Settings
+from spotrun.costmodel.history import SharedHistory
 from spotrun.db import open_settings_db
 from spotrun.db.faults import database_error
 from spotrun.errors import BadInputError, SpotrunError, TooManyAttemptsError
@@ -24,6 +29,7 @@ from spotrun.secrets import redact_tokens
 from spotrun.server.auth import Limiter
 from spotrun.server.routes_budgets import router as budgets_router
 from spotrun.server.render import SpotrunJSON
+from spotrun.server.status_cache import StatusCache
 from spotrun.server.routes_jobs import router as jobs_router
 from spotrun.server.routes_reads import router as reads_router
 from spotrun.server.routes_stream import router as stream_router
@@ -47,8 +53,9 @@ def error_response(exc: SpotrunError) -> SpotrunJSON:
 
 
 def create_app(settings: Settings, *, engine: Any = None, limiter: Limiter | None = None,
-               daemon: "StandbyDaemon | None" = None) -> FastAPI:
-    """The API app over settings' state database (with daemon: started and stopped with it)."""
+               daemon: "StandbyDaemon | None" = None, provider: Any = None) -> FastAPI:
+    """The API app over settings' state database (with daemon: started and stopped with it;
+    provider: the one `interrupt` uses instead of settings')."""
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
@@ -56,6 +63,7 @@ def create_app(settings: Settings, *, engine: Any = None, limiter: Limiter | Non
         # process: the loops finish their pass and the lease is released.
         if daemon is not None:
             daemon.start()
+        _app.state.status.warm()
         try:
             yield
         finally:
@@ -66,7 +74,10 @@ def create_app(settings: Settings, *, engine: Any = None, limiter: Limiter | Non
                   default_response_class=SpotrunJSON, lifespan=lifespan)
     app.state.settings = settings
     app.state.engine = engine or open_settings_db(settings)
-    app.state.backend = LocalBackend(settings, app.state.engine)
+    app.state.backend = LocalBackend(settings, app.state.engine, provider)
+    app.state.history = SharedHistory(app.state.engine)   # submits' checks share one reading
+    app.state.status = StatusCache(app.state.backend.status_list, app.state.backend.status_entry,
+                                   max_age_s=settings.server.status_max_age_s)
     app.state.limiter = limiter or Limiter()
 
     @app.exception_handler(SpotrunError)

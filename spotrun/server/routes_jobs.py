@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from fastapi import APIRouter, Depends, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel
 
 from spotrun.db import find_job, session
@@ -17,6 +17,13 @@ from spotrun.server.render import rendered
 router = APIRouter()
 
 
+class InterruptBody(BaseModel):
+    """POST /jobs/{ref}/interrupt: one node rank (default every node) and the notice."""
+
+    node: int | None = None
+    notice_s: float | None = None
+
+
 class ResumeBody(BaseModel):
     """POST /jobs/{ref}/resume: an optional new, higher budget."""
 
@@ -25,8 +32,10 @@ class ResumeBody(BaseModel):
 
 @router.get("/jobs")
 def jobs(request: Request, events: bool = False, who: Caller = Depends(caller)) -> Any:
-    """`spotrun status --json`."""
-    return rendered(request.app.state.backend.status(None, events=events))
+    """`spotrun status --json`: without events, the server's shared build (status_cache)."""
+    if events:
+        return rendered(request.app.state.backend.status(None, events=True))
+    return Response(request.app.state.status.body(), media_type="application/json")
 
 
 @router.get("/jobs/{ref}")
@@ -74,6 +83,7 @@ def _act(request: Request, who: Caller, action: str, ref: str, fn: Callable[[], 
 def cancel(request: Request, ref: str, who: Caller = Depends(caller)) -> Any:
     """`spotrun cancel JOB --json`; the state before the call in X-Spotrun-Was-State."""
     done = _act(request, who, "cancel", ref, lambda: request.app.state.backend.cancel(ref))
+    request.app.state.status.changed(done.job["id"])
     return JSONResponse(done.job, headers={"X-Spotrun-Was-State": done.was or ""})
 
 
@@ -82,5 +92,18 @@ def resume(request: Request, ref: str, body: ResumeBody | None = None,
            who: Caller = Depends(caller)) -> Any:
     """`spotrun resume JOB --json`."""
     budget = body.budget_usd if body is not None else None
-    return _act(request, who, "resume", ref,
-                lambda: request.app.state.backend.resume(ref, budget))
+    out = _act(request, who, "resume", ref,
+               lambda: request.app.state.backend.resume(ref, budget))
+    request.app.state.status.changed(out["id"])
+    return out
+
+
+@router.post("/jobs/{ref}/interrupt")
+def interrupt(request: Request, ref: str, body: InterruptBody | None = None,
+              who: Caller = Depends(caller)) -> Any:
+    """`spotrun interrupt JOB --json`: the provider's interruption, sent by the server (members
+    their own jobs, admins any), so a laptop needs no cloud credentials for it either."""
+    body = body or InterruptBody()
+    done = _act(request, who, "interrupt", ref, lambda: request.app.state.backend.interrupt(
+        ref, node=body.node, notice_s=body.notice_s))
+    return done.to_dict()

@@ -76,6 +76,15 @@ async def receive(request: Request, folder: Path) -> tuple[dict[str, Any], Path 
     return head, (path if size else None)
 
 
+def _admit(request: Request, who: Caller, owner: str | None, dry_run: bool
+           ) -> tuple[str, Path]:
+    """The role and owner checks (a refusal writes the trail), then a folder for the upload."""
+    if not dry_run:
+        needs(request, who, "member", "submit", owner or "")
+    job_owner = _owner(request, who, owner)
+    return job_owner, Path(tempfile.mkdtemp(prefix="spotrun-upload-"))
+
+
 def _owner(request: Request, who: Caller, requested: str | None) -> str:
     """The caller, or (admins only) the owner they name; a member naming another is 403."""
     user = who.principal.user
@@ -101,18 +110,25 @@ def _validate(request: Request, head: dict[str, Any], bundle: Path | None, owner
     return validate_spec_bytes(head["spec"].encode("utf-8"), str(head.get("spec_file") or
                                                                   "spec.yaml"),
                                request.app.state.settings, owner=owner, base_dir=folder,
-                               workdir=str(stand_in))
+                               workdir=str(stand_in), history=request.app.state.history)
 
 
-def _record(request: Request, who: Caller, sub: Submission, bundle: Path | None
-            ) -> dict[str, Any]:
+def _record(request: Request, who: Caller, sub: Submission, bundle: Path | None,
+            job_owner: str) -> dict[str, Any]:
+    """Record the job, then its trail row and its entry in the shared status list (one hop to
+    the thread pool for the three: each hop waits its turn under 20 clients)."""
     if sub.spec.workdir and bundle is None:
         raise BadInputError("the spec names a workdir but no bundle was sent", field="workdir",
                             hint="submit with the spotrun CLI, which packs it")
     engine = request.app.state.engine
     job = submit_job(sub, engine, bundle_file=bundle if sub.spec.workdir else None)
-    return {"job": submitted_dict(job), "warnings": list(sub.warnings),
-            "note": no_daemon(request.app.state.settings, engine)}
+    out = {"job": submitted_dict(job), "warnings": list(sub.warnings),
+           "note": no_daemon(request.app.state.settings, engine)}
+    trail.record(engine, user=who.principal.user, role=who.principal.role, action="submit",
+                 target=sub.job_id, remote_addr=who.addr, outcome="ok",
+                 detail=f"owner {job_owner}")
+    request.app.state.status.changed(sub.job_id)
+    return out
 
 
 @router.post("/jobs")
@@ -120,11 +136,8 @@ async def submit(request: Request, dry_run: bool = False, owner: str | None = No
                  who: Caller = Depends(caller)) -> Any:
     """`spotrun submit SPEC --json` (`{"job", "warnings", "note"}`), or with dry_run the
     `--dry-run --json` plan (`{"plan", "warnings"}`); members and admins, viewers dry-run."""
-    if not dry_run:   # a refusal writes the trail: in the pool, as every write here
-        await run_in_threadpool(needs, request, who, "member", "submit", owner or "")
-    job_owner = await run_in_threadpool(_owner, request, who, owner)
     # The event loop serves every client: file-system and database work goes to the pool.
-    folder = Path(await run_in_threadpool(tempfile.mkdtemp, prefix="spotrun-upload-"))
+    job_owner, folder = await run_in_threadpool(_admit, request, who, owner, dry_run)
     target = owner or ""
     try:
         head, bundle = await receive(request, folder)
@@ -135,7 +148,7 @@ async def submit(request: Request, dry_run: bool = False, owner: str | None = No
             plan = await run_in_threadpool(dry_run_plan, sub, request.app.state.settings)
             return {"plan": plan, "warnings": list(sub.warnings)}
         target = sub.job_id
-        out = await run_in_threadpool(_record, request, who, sub, bundle)
+        out = await run_in_threadpool(_record, request, who, sub, bundle, job_owner)
     except SpotrunError as exc:
         if not dry_run and not isinstance(exc, ForbiddenError):
             await run_in_threadpool(
@@ -145,10 +158,6 @@ async def submit(request: Request, dry_run: bool = False, owner: str | None = No
         raise
     finally:
         await run_in_threadpool(shutil.rmtree, folder, ignore_errors=True)
-    # A commit waits for SQLite's write lock (the daemon's, other submits'): never on the loop.
-    await run_in_threadpool(trail.record, request.app.state.engine, user=who.principal.user,
-                            role=who.principal.role, action="submit", target=sub.job_id,
-                            remote_addr=who.addr, outcome="ok", detail=f"owner {job_owner}")
     return out
 
 

@@ -79,9 +79,10 @@ def add_job(engine: Any, job_id: str, owner: str, state: JobState = JobState.QUE
         s.commit()
 
 
-def start_team(tmp: Path, *, max_failures: int = 5, settings: Any = None) -> Iterator[Team]:
+def start_team(tmp: Path, *, max_failures: int = 5, settings: Any = None,
+               provider: Any = None) -> Iterator[Team]:
     """Yield a Team whose server stops when the generator is closed (settings: serve that
-    home, e.g. a daemon rig's, instead of a new one)."""
+    home, e.g. a daemon rig's, instead of a new one; provider: the rig's)."""
     if settings is None:
         home = tmp / "server-home"
         home.mkdir()
@@ -90,7 +91,7 @@ def start_team(tmp: Path, *, max_failures: int = 5, settings: Any = None) -> Ite
     engine = open_db(settings.database_url)
     tokens = {name: identity.add_user(engine, name, role) for name, role in USERS.items()}
     clock = [0.0]
-    app = create_app(settings, engine=engine,
+    app = create_app(settings, engine=engine, provider=provider,
                      limiter=Limiter(max_failures=max_failures, window_s=60,
                                      clock=lambda: clock[0]))
     sock = socket.socket()

@@ -4,8 +4,6 @@ reconcile loops ticked by hand against the real local market), real CLI processe
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
-from pathlib import Path
 
 import pytest
 from sqlmodel import select
@@ -17,22 +15,6 @@ from spotrun.db import session
 from spotrun.db.budget_rows import BudgetRow
 from spotrun.db.identity import TrailEntry
 from spotrun.states import JobState
-
-DAY1 = datetime(2030, 1, 1, 12, 0, tzinfo=timezone.utc)
-
-
-@pytest.fixture
-def rig_and_team(tmp_path: Path, instance_command: str, monkeypatch: pytest.MonkeyPatch):
-    monkeypatch.delenv("SPOTRUN_HOME", raising=False)
-    monkeypatch.delenv("SPOTRUN_DB_URL", raising=False)
-    rig = BudgetRig(tmp_path / "rig", instance_command, DAY1, "")
-    team_gen = start_team(tmp_path, settings=rig.settings)
-    try:
-        yield rig, next(team_gen)
-    finally:
-        team_gen.close()
-        rig.close()
-
 
 def _rows(rig: BudgetRig) -> list[tuple]:
     with session(rig.ctx.engine) as s:
