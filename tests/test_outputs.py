@@ -139,15 +139,21 @@ def test_checkpointer_checkpoint_exports_to_a_plain_state_dict(tmp_path: Path):
     assert res.stdout.strip() == h.hexdigest()
 
 
-def test_big_files_log_their_upload_progress(tmp_path: Path, monkeypatch, capsys):
+def test_big_files_log_their_upload_progress(tmp_path: Path, monkeypatch):
+    import structlog.testing
+
     import spotrun.agent.outputs as outputs
     monkeypatch.setattr(outputs, "BIG_FILE_BYTES", 1)
     job = tmp_path / "job"
     job.mkdir()
     (job / "model.bin").write_bytes(b"x" * 1000)
-    OutputUploader(FileStore(tmp_path / "store"), "j1", 1, job, ["model.bin"]).upload("exit")
-    out = capsys.readouterr()
-    assert "outputs_progress" in out.out + out.err and "bytes_total=1000" in out.out + out.err
+    with structlog.testing.capture_logs() as logs:
+        # A fresh logger: the module's may be cached (cache_logger_on_first_use) with the
+        # output of whichever test in this process used it first.
+        monkeypatch.setattr(outputs, "log", structlog.get_logger("spotrun.agent"))
+        OutputUploader(FileStore(tmp_path / "store"), "j1", 1, job, ["model.bin"]).upload("exit")
+    progress = [e for e in logs if e["event"] == "outputs_progress"]
+    assert progress and progress[-1]["bytes_total"] == 1000 and progress[-1]["path"] == "model.bin"
 
 
 def test_pull_with_nothing_yet_exits_1_in_one_line(tmp_home: Path, tmp_path: Path):
