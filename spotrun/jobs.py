@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 from sqlalchemy import exists, update
 from sqlalchemy.engine import Engine
@@ -103,11 +103,12 @@ def refuse_never_runs(spec: JobSpec, settings: Settings, catalog: Any,
 
 
 def submit(sub: Submission, engine: Engine, progress: ProgressFn | None = None,
-           bundle_file: Path | None = None) -> Job:
+           bundle_file: Path | None = None, with_rows: Sequence[Any] = ()) -> Job:
     """Upload the code bundle, then record the job as queued: both or neither.
 
     bundle_file: an already packed (and checked) bundle to store as is, instead of packing
-    the spec's workdir (the team server's upload).
+    the spec's workdir (the team server's upload). with_rows: rows committed with the job's
+    (the server's trail row: the job and who submitted it, together or not at all).
 
     The database's write lock is taken once first (bounded wait), so a locked database fails
     before anything is uploaded; a row that then cannot be written takes its bundle with it.
@@ -143,6 +144,8 @@ def submit(sub: Submission, engine: Engine, progress: ProgressFn | None = None,
         with session(engine) as s:
             s.add(job)
             add_event(s, job.id, "submitted", f"spec {sub.spec.name}")
+            for row in with_rows:
+                s.add(row)
             s.commit()
     except BaseException:
         if store is not None and bundle is not None:

@@ -15,13 +15,21 @@ from spotrun.secrets import redact_tokens
 OUTCOMES = ("ok", "denied", "error")
 
 
+def entry(*, user: str, role: str, action: str, target: str, remote_addr: str, outcome: str,
+          detail: str = "") -> TrailEntry:
+    """One row, its tokens redacted (a trail row never holds a secret), for a caller's own
+    transaction."""
+    return TrailEntry(user=user, role=role, action=action, target=redact_tokens(target)[:200],
+                      remote_addr=remote_addr, outcome=outcome,
+                      detail=redact_tokens(detail)[:500])
+
+
 def record(engine: Engine, *, user: str, role: str, action: str, target: str,
            remote_addr: str, outcome: str, detail: str = "") -> None:
-    """Append one row (the detail's tokens redacted: a trail row never holds a secret)."""
+    """Append one row in a transaction of its own."""
     with session(engine) as s:
-        s.add(TrailEntry(user=user, role=role, action=action, target=redact_tokens(target)[:200],
-                         remote_addr=remote_addr, outcome=outcome,
-                         detail=redact_tokens(detail)[:500]))
+        s.add(entry(user=user, role=role, action=action, target=target,
+                    remote_addr=remote_addr, outcome=outcome, detail=detail))
         s.commit()
 
 

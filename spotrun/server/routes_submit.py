@@ -115,18 +115,19 @@ def _validate(request: Request, head: dict[str, Any], bundle: Path | None, owner
 
 def _record(request: Request, who: Caller, sub: Submission, bundle: Path | None,
             job_owner: str) -> dict[str, Any]:
-    """Record the job, then its trail row and its entry in the shared status list (one hop to
-    the thread pool for the three: each hop waits its turn under 20 clients)."""
+    """Record the job with its trail row (one transaction: each write waits its turn for
+    SQLite's lock under 20 clients), then its entry in the shared status list."""
     if sub.spec.workdir and bundle is None:
         raise BadInputError("the spec names a workdir but no bundle was sent", field="workdir",
                             hint="submit with the spotrun CLI, which packs it")
     engine = request.app.state.engine
-    job = submit_job(sub, engine, bundle_file=bundle if sub.spec.workdir else None)
+    row = trail.entry(user=who.principal.user, role=who.principal.role, action="submit",
+                      target=sub.job_id, remote_addr=who.addr, outcome="ok",
+                      detail=f"owner {job_owner}")
+    job = submit_job(sub, engine, bundle_file=bundle if sub.spec.workdir else None,
+                     with_rows=[row])
     out = {"job": submitted_dict(job), "warnings": list(sub.warnings),
            "note": no_daemon(request.app.state.settings, engine)}
-    trail.record(engine, user=who.principal.user, role=who.principal.role, action="submit",
-                 target=sub.job_id, remote_addr=who.addr, outcome="ok",
-                 detail=f"owner {job_owner}")
     request.app.state.status.changed(sub.job_id)
     return out
 

@@ -26,11 +26,14 @@ import io
 import re
 import threading
 import uuid
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, Callable
 from urllib.parse import parse_qsl, urlencode
 from xml.sax.saxutils import escape
+
+from moto.core.base_backend import backend_lock
 
 from .moto_layer_multinode import EC2_NS, MultiNodeActs
 
@@ -269,12 +272,16 @@ class FaultLayer(MultiNodeActs):
             captured["headers"] = list(headers)
             return lambda _b: None
 
-        chunks = self.app(environ, sr)
-        try:
-            out = b"".join(chunks)
-        finally:
-            if hasattr(chunks, "close"):
-                chunks.close()
+        # A reclaim (moto_fixtures._reclaim) terminates and then sets the spot reason under
+        # moto's backend lock; a describe must not read between the two (it saw a terminated
+        # instance with a user's reason under load).
+        with backend_lock if action.startswith("Describe") else nullcontext():
+            chunks = self.app(environ, sr)
+            try:
+                out = b"".join(chunks)
+            finally:
+                if hasattr(chunks, "close"):
+                    chunks.close()
         headers = captured["headers"]
         if fleet_errors and captured["status"] < 400:
             out = out.replace(b"</CreateFleetResponse>",
