@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import threading
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 import structlog
 
@@ -31,6 +31,11 @@ DEFAULT_WAIT_AFTER_S = 30.0
 def fragment(job: dict[str, Any]) -> bytes:
     """One job's JSON as `SpotrunJSON` writes it inside a list."""
     return json.dumps(job, default=json_default).encode("utf-8")
+
+
+def as_list(fragments: Iterable[bytes]) -> bytes:
+    """Jobs' JSON joined into the list `SpotrunJSON` writes."""
+    return b"[" + b", ".join(fragments) + b"]"
 
 
 class StatusCache:
@@ -62,7 +67,7 @@ class StatusCache:
     def body(self) -> bytes:
         """The list as JSON bytes: the last build (with this server's patches)."""
         if self.max_age_s <= 0:   # sharing turned off: every call builds its own
-            return b"[" + b", ".join(fragment(j) for j in self._build_all()) + b"]"
+            return as_list(fragment(j) for j in self._build_all())
         now = self._clock()
         with self._lock:
             age = None if self._built_at is None else now - self._built_at
@@ -100,7 +105,7 @@ class StatusCache:
 
     def _joined(self) -> bytes:
         if self._body is None:
-            self._body = b"[" + b", ".join(self._fragments.values()) + b"]"
+            self._body = as_list(self._fragments.values())
         return self._body
 
     def _rebuild(self, done: threading.Event, start_seq: int, started_at: float) -> None:

@@ -38,14 +38,21 @@ class Jobs:
         return dict(self.jobs[job_id])
 
 
+def rig(max_age_s: float, *, background: bool = False, **kw: float
+        ) -> tuple[Jobs, list[float], StatusCache]:
+    """Jobs, a hand-moved clock and a cache over them."""
+    jobs, clock = Jobs(), [0.0]
+    return jobs, clock, StatusCache(jobs.build_all, jobs.build_one, max_age_s=max_age_s,
+                                    clock=lambda: clock[0], background=background, **kw)
+
+
 def listed(cache: StatusCache) -> dict[str, str]:
     return {j["id"]: j["state"] for j in json.loads(cache.body())}
 
 
 def test_one_build_serves_every_call_until_it_is_older_than_max_age():
-    jobs, clock = Jobs(), [100.0]
-    cache = StatusCache(jobs.build_all, jobs.build_one, max_age_s=2.0,
-                        clock=lambda: clock[0], background=False)
+    jobs, clock, cache = rig(2.0)
+    clock[0] = 100.0
     assert listed(cache) == {"j0": "queued", "j1": "queued", "j2": "queued"}
     jobs.jobs["j1"]["state"] = "running"        # the daemon's change, not this server's
     clock[0] += 1.9
@@ -58,9 +65,7 @@ def test_one_build_serves_every_call_until_it_is_older_than_max_age():
 
 
 def test_this_servers_own_changes_show_at_once_new_jobs_last():
-    jobs, clock = Jobs(), [0.0]
-    cache = StatusCache(jobs.build_all, jobs.build_one, max_age_s=60.0,
-                        clock=lambda: clock[0], background=False)
+    jobs, clock, cache = rig(60.0)
     listed(cache)
     jobs.jobs["j9"] = {"id": "j9", "state": "queued"}      # a submit through this server
     cache.changed("j9")
@@ -72,9 +77,7 @@ def test_this_servers_own_changes_show_at_once_new_jobs_last():
 
 
 def test_a_change_made_while_a_build_runs_is_not_undone_by_that_build():
-    jobs, clock = Jobs(), [0.0]
-    cache = StatusCache(jobs.build_all, jobs.build_one, max_age_s=1.0,
-                        clock=lambda: clock[0], background=True)
+    jobs, clock, cache = rig(1.0, background=True)
     listed(cache)
     jobs.gate = threading.Event()
     jobs.started.clear()
@@ -91,9 +94,7 @@ def test_a_change_made_while_a_build_runs_is_not_undone_by_that_build():
 
 
 def test_a_due_rebuild_never_holds_up_callers_while_a_recent_build_exists():
-    jobs, clock = Jobs(), [0.0]
-    cache = StatusCache(jobs.build_all, jobs.build_one, max_age_s=1.0, wait_after_s=30.0,
-                        clock=lambda: clock[0], background=True)
+    jobs, clock, cache = rig(1.0, background=True, wait_after_s=30.0)
     listed(cache)
     jobs.gate = threading.Event()          # the next build blocks until released
     clock[0] += 1.5
@@ -125,9 +126,7 @@ def test_max_age_zero_builds_for_every_call():
 
 
 def test_an_entry_that_cannot_be_built_makes_the_next_call_wait_for_a_whole_build():
-    jobs, clock = Jobs(), [0.0]
-    cache = StatusCache(jobs.build_all, jobs.build_one, max_age_s=60.0,
-                        clock=lambda: clock[0], background=False)
+    jobs, clock, cache = rig(60.0)
     listed(cache)
     jobs.jobs["j7"] = {"id": "j7", "state": "queued"}
     cache.changed("nope")           # the submit is done; its entry fails: no exception here
