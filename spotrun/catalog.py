@@ -7,9 +7,9 @@ from functools import lru_cache
 from importlib import resources
 from typing import Any, Callable
 
-import yaml
 
 from spotrun.errors import ConfigError
+from spotrun.yamlload import safe_load
 
 
 @dataclass(frozen=True)
@@ -85,7 +85,7 @@ def parse_catalog(raw: dict[str, Any]) -> Catalog:
 def load_catalog(name: str = "aws") -> Catalog:
     """The packaged catalog `spotrun/data/catalog/<name>.yaml`."""
     text = resources.files("spotrun.data").joinpath("catalog", f"{name}.yaml").read_text("utf-8")
-    return parse_catalog(yaml.safe_load(text))
+    return parse_catalog(safe_load(text))
 
 
 def catalog_od_price(region: str, name: str = "aws") -> Callable[[str], float | None]:

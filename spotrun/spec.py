@@ -19,6 +19,7 @@ from pydantic import AfterValidator, BeforeValidator, ConfigDict, Field, Strict,
 from spotrun.contracts import adapter, fail, field_names, validate
 from spotrun.errors import SpecError
 from spotrun.states import MarketPolicy
+from spotrun.yamlload import safe_load
 
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
 ENV_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -413,7 +414,7 @@ def read_spec_yaml(data: bytes, label: str) -> Any:
     except UnicodeDecodeError:
         raise SpecError("file is not UTF-8 text", field="file", value=label) from None
     try:
-        return yaml.safe_load(text)
+        return safe_load(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark else ""

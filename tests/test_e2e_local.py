@@ -27,9 +27,13 @@ from reference_run import final_sha
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parent.parent
-# Enough steps that a resumed attempt cannot finish inside the 2 wall s notice window of the
-# next forced reclaim (a job that finishes first is completed, not reclaimed: issue 18).
-TRAIN_ARGS = "--steps 2500 --hidden 64 --samples 2048 --log-every 500 --metrics metrics.csv"
+# A resumed attempt must not finish inside the 2 wall s notice window of the next forced
+# reclaim (a job that finishes first is completed, not reclaimed: issue 18): the 20 ms step
+# floor caps a window at 100 steps on any machine, so 1,000 steps leave room for two reclaims
+# and the AWS test's notice; steps cost the CPU (about 8 ms each), the floor only wall time.
+TOTAL_STEPS = 1000
+TRAIN_ARGS = (f"--steps {TOTAL_STEPS} --hidden 64 --samples 2048 --log-every 200 "
+              "--metrics metrics.csv --min-step-s 0.02")
 
 TOML = """
 [local]
@@ -60,7 +64,7 @@ def e2e(tmp_home: Path, tmp_path: Path, cpu_load):
     (code / "train.py").write_text((REPO / "configs" / "demo" / "train.py").read_text())
     spec = tmp_path / "job.yaml"
     spec.write_text(f"name: e2e\ncommand: python train.py {TRAIN_ARGS}\nworkdir: code\n"
-                    "work: {total_steps: 2500}\ncheckpoint: {interval_minutes: 1}\n"
+                    f"work: {{total_steps: {TOTAL_STEPS}}}\ncheckpoint: {{interval_minutes: 1}}\n"
                     "policy: {market: spot}\noutputs: [metrics.csv]\n")
     settings = load_settings(str(tmp_home))
     ctx = build_context(settings)
@@ -163,8 +167,8 @@ def test_kill_without_notice_resumes_from_periodic_checkpoint(e2e, reference_run
     rows = store.get_bytes(f"{layout.outputs_prefix(job.id)}/metrics.csv").decode().splitlines()
     assert rows[0] == "step,loss"
     steps = [int(r.split(",")[0]) for r in rows[1:]]
-    assert steps == list(range(10, 2501, 10)), steps[:40]
-    printed = {int(m[0]): m[1] for m in re.findall(r"step (\d+)/2500 loss (\S+)", log)}
+    assert steps == list(range(10, TOTAL_STEPS + 1, 10)), steps[:40]
+    printed = {int(m[0]): m[1] for m in re.findall(rf"step (\d+)/{TOTAL_STEPS} loss (\S+)", log)}
     losses = {int(r.split(",")[0]): float(r.split(",")[1]) for r in rows[1:]}
     assert printed and all(f"{losses[k]:.4f}" == v for k, v in printed.items())
     # Both attempts ran in the same job directory, on different instances.

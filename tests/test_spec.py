@@ -203,6 +203,15 @@ def test_cli_bad_input_exits_2_and_writes_nothing(tmp_path, monkeypatch, label, 
     assert not home.exists() or not any(home.rglob("*")), list(home.rglob("*"))
 
 
+def test_broken_yaml_names_its_line(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPOTRUN_HOME", str(tmp_path / "home"))
+    spec = tmp_path / "job.yaml"
+    spec.write_text("name: a\ncommand: python train.py\nenv: {A: 1\nwork: {total_steps: 10}\n")
+    result = CliRunner().invoke(cli, ["submit", str(spec)])
+    assert result.exit_code == 2
+    assert "not valid YAML at line 4" in result.output, result.output
+
+
 def test_cli_submit_good_spec_writes_job(tmp_path, monkeypatch):
     home = tmp_path / "home"
     monkeypatch.setenv("SPOTRUN_HOME", str(home))

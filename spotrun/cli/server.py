@@ -8,6 +8,7 @@ import click
 
 from spotrun.cli.common import get_settings, open_state_db
 from spotrun.errors import BadInputError
+from spotrun.heap import settle_startup_heap
 
 # On SIGTERM open responses (a `logs -f` stream) get this long before they are cut, so
 # the daemon inside stops and releases its lease well within systemd's TimeoutStopSec.
@@ -53,6 +54,7 @@ def server(host: str, port: int, tls_cert: str | None, tls_key: str | None,
     click.echo(f"spotrun server on {'https' if tls_cert else 'http'}://{host}:{port} "
                f"(state: {settings.home_path}"
                f"{'; daemon: waits for the lease' if with_daemon else ''})", err=True)
+    settle_startup_heap()   # imports and the app: kept for the process's life
     try:
         uvicorn.run(app, host=host, port=port, ssl_certfile=tls_cert, ssl_keyfile=tls_key,
                     log_config=None, server_header=False,

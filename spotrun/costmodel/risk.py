@@ -24,9 +24,9 @@ from functools import lru_cache
 from importlib import resources
 from typing import Any
 
-import yaml
 
 from spotrun.catalog import Catalog
+from spotrun.yamlload import safe_load
 
 # A prior counts as this many pseudo-reclaims against the pool's own record: weak on purpose
 # (the traces are of another type, years old), so a pool's own reclaims take over after a few.
@@ -113,7 +113,7 @@ def packaged_trace_priors() -> dict[str, Any]:
 def packaged_priors(name: str) -> dict[str, Any]:
     """spotrun/data/risk/<name> as a mapping (a catalog names its file in `reclaim_priors`)."""
     text = resources.files("spotrun.data").joinpath("risk", name).read_text("utf-8")
-    return yaml.safe_load(text) or {}
+    return safe_load(text) or {}
 
 
 def priors_for(catalog: Catalog) -> dict[str, Any]:
@@ -295,4 +295,16 @@ def _default_pool(catalog: Catalog) -> _Pool:
 def risk_model(catalog: Catalog, *, hints: dict[tuple[str, str], RiskHint] | None = None,
                data: dict[str, Any] | None = None) -> RiskModel:
     """The reclaim-risk model: the catalog's packaged priors (or `data`), the catalog, hints."""
-    return RiskModel(catalog, data if data is not None else priors_for(catalog), hints)
+    if hints or data is not None:
+        return RiskModel(catalog, data if data is not None else priors_for(catalog), hints)
+    # Without hints the model is a function of the catalog alone: one per catalog, so its
+    # memo of pool priors serves every decision (a team server's submits each built one).
+    model = _PLAIN.get(id(catalog))
+    if model is None or model[0] is not catalog:
+        if len(_PLAIN) >= 16:   # catalogs made on the fly (tests, simulate): keep a few
+            _PLAIN.clear()
+        model = _PLAIN[id(catalog)] = (catalog, RiskModel(catalog, priors_for(catalog), None))
+    return model[1]
+
+
+_PLAIN: dict[int, tuple[Catalog, RiskModel]] = {}

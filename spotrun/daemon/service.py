@@ -24,6 +24,7 @@ from spotrun.db.faults import database_error
 from spotrun.db.migrations import LATEST
 from spotrun.db.probe import probe
 from spotrun.errors import SpotrunError
+from spotrun.heap import settle_startup_heap
 
 # Read by the loops on every tick (or at a runner restart): safe to change while running.
 RELOADABLE = ("daemon", "agent", "budgets")
@@ -70,6 +71,7 @@ def serve(settings: Settings) -> int:
     _install(flags)
     log = structlog.get_logger("spotrun.daemon")
     ctx = build_context(settings)
+    settle_startup_heap()   # imports and the context: kept for the process's life
     # The lease and the health record have an engine of their own, outside the loops' turns
     # at the database (dbturns): a loop's long transaction never delays a renewal.
     own = make_engine(settings.database_url, busy_timeout_s=settings.db_busy_timeout_s,

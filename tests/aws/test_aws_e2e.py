@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
-from test_e2e_local import TRAIN_ARGS, _sha, job_log, wait_for
+from test_e2e_local import TOTAL_STEPS, TRAIN_ARGS, _sha, job_log, wait_for
 
 from spotrun import layout
 from spotrun.agent.config import AgentConfig
@@ -61,7 +61,7 @@ def aws_e2e(moto: MotoServer, ec2: Any, tmp_home: Path, tmp_path: Path) -> Itera
     spec = tmp_path / "job.yaml"
     spec.write_text(f"name: e2e-aws\ncommand: python train.py {TRAIN_ARGS}\nworkdir: code\n"
                     f"resources: {{instance_types: [{TYPE}]}}\n"
-                    "work: {total_steps: 800}\ncheckpoint: {interval_minutes: 1}\n"
+                    f"work: {{total_steps: {TOTAL_STEPS}}}\ncheckpoint: {{interval_minutes: 1}}\n"
                     "policy: {market: spot}\n")
     ctx = build_context(settings, provider=AwsProvider.from_settings(settings),
                         store=open_store(f"s3://{BUCKET}/spotrun"))

@@ -20,6 +20,7 @@ from spotrun.providers.bootconfig import MARKER, with_shutdown_command
 from spotrun.errors import ConfigError, ProviderError
 from spotrun.providers.agent_unit import (AGENT_CONFIG_PATH, AGENT_UNIT, JOB_DIR,  # noqa: F401
                                           SHUTDOWN_COMMAND, UNIT_NAME, UNIT_PATH, VENV)
+from spotrun.yamlload import safe_load
 
 MAX_USER_DATA_BYTES = 16 * 1024     # EC2's limit on raw user data
 
@@ -66,7 +67,7 @@ def agent_json_from_user_data(user_data: str) -> str:
         except (ValueError, UnicodeDecodeError):
             raise ProviderError("user data is not cloud-config", field="user_data") from None
     try:
-        doc = yaml.safe_load(text)
+        doc = safe_load(text)
         for f in doc.get("write_files") or []:
             if f.get("path") == AGENT_CONFIG_PATH:
                 return str(f["content"])
