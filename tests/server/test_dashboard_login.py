@@ -184,8 +184,9 @@ def test_over_tls_the_cookies_are_secure(team, tmp_path):
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     url = f"https://127.0.0.1:{sock.getsockname()[1]}"
+    web = httpx.Client(base_url=url, verify=ssl.create_default_context(cafile=str(cert)),
+                       timeout=30, follow_redirects=False)
     try:
-        web = httpx.Client(base_url=url, verify=ssl.create_default_context(cafile=str(cert)), timeout=30, follow_redirects=False)
 
         def answers() -> bool:
             try:
@@ -203,9 +204,13 @@ def test_over_tls_the_cookies_are_secure(team, tmp_path):
         assert {f.strip().lower() for f in cookie.split(";")} >= {"httponly", "secure",
                                                                   "samesite=strict"}
     finally:
+        # A keep-alive connection left open holds uvicorn's shutdown for the join's whole
+        # timeout: the client goes first.
+        web.close()
         server.should_exit = True
         thread.join(timeout=30)
         sock.close()
+    assert not thread.is_alive(), "the TLS server did not stop"
 
 
 @pytest.mark.slow
