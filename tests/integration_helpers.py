@@ -9,7 +9,7 @@ import subprocess
 import sys
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 import pytest
 from polling import wait_for
@@ -54,6 +54,38 @@ def local_rig(home: Path, tmp: Path, workload: str, spec_body: str) -> Iterator[
         kill_leftovers(home / "market")
 
 
+# test_e2e_local's waits for a daemon's job, polled every 0.2 s rather than every 20 ms: these
+# tests wait a minute or more, where 50 DB reads a second cost the loaded box seconds of CPU,
+# and a gate holds its attempt until the notice comes, so a later look loses nothing.
+POLL_S = 0.2
+
+
+def running_attempt(ctx, job_id: str, number: int, min_progress: int):
+    """The attempt `number` once it runs and has made min_progress steps past its start."""
+    from spotrun.db import attempts_of, session
+    from spotrun.states import AttemptState
+
+    def check():
+        with session(ctx.engine) as s:
+            for a in attempts_of(s, job_id):
+                if a.number == number and a.last_step >= a.start_step + min_progress:
+                    assert a.state is AttemptState.RUNNING, f"attempt {number} already {a.state}"
+                    return a
+        return None
+    return wait_for(check, 180, f"attempt {number} to make progress", interval_s=POLL_S)
+
+
+def finished(ctx, job_id: str):
+    """The job once it has ended."""
+    from spotrun.db import Job, session
+
+    def check():
+        with session(ctx.engine) as s:
+            job = s.get(Job, job_id)
+            return job if job.state.is_terminal() else None
+    return wait_for(check, 240, "the job to finish", interval_s=POLL_S)
+
+
 def clean_env(**extra: str) -> dict[str, str]:
     """os.environ without any SPOTRUN_* variable, plus extra."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("SPOTRUN_")}
@@ -88,6 +120,26 @@ def kill(proc: subprocess.Popen) -> None:
     except ProcessLookupError:
         pass
     proc.wait(timeout=30)
+
+
+@contextmanager
+def shared_run(script: str, cwd: Path, env: dict[str, str],
+               *args: str) -> Iterator[Callable[[], str]]:
+    """A workload run several tests compare with (a module's uninterrupted reference): started
+    now, so it overlaps them; yields a function that waits for its clean exit once and returns
+    its output. Not reaped with a test's workloads; killed when the context ends."""
+    proc = start(script, cwd, env, *args)
+    STARTED.remove(proc)
+    texts: list[str] = []
+
+    def text() -> str:
+        if not texts:
+            texts.append(finish(proc, cwd))
+        return texts[0]
+    try:
+        yield text
+    finally:
+        kill(proc)
 
 
 def final_sha(text: str) -> str:

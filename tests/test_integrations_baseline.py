@@ -8,17 +8,25 @@ checks that the loader's replay of the global-RNG order stays exact through two 
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 
 import pytest
 
-pytest.importorskip("lightning")
 torch = pytest.importorskip("torch")
 
 from integration_helpers import (  # noqa: E402
-    clean_env, finish, notice_and_kill, start, reap_workloads)  # noqa: F401 (autouse fixture)
+    clean_env, finish, notice_and_kill, shared_run, start,
+    reap_workloads)  # noqa: F401 (autouse fixture)
 
-pytestmark = pytest.mark.slow
+# Not importorskip: importing lightning (or transformers) here would cost this process seconds
+# for nothing (the workloads import them).
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(not importlib.util.find_spec("lightning"),
+                                                   reason="lightning is not installed")]
+RESUMED = "lightning_baseline_train.py"
+# 12 batches an epoch: the notices (steps 10, 12, 17) fall in epochs 0 and 1, and the last
+# resume goes on past epoch 1's end (step 24).
+STEPS = ("--steps", "30")
 
 
 def _state(folder: Path) -> dict:
@@ -45,62 +53,60 @@ def test_lightning_script_with_spotrun_is_bitwise_the_plain_script(tmp_path: Pat
     _assert_bitwise_equal(plain, spot)
 
 
+@pytest.mark.skipif(not importlib.util.find_spec("transformers"),
+                    reason="transformers is not installed")
 def test_trainer_with_spotrun_is_bitwise_the_plain_trainer(tmp_path: Path):
     """TrainingArguments(seed=0, data_seed=1): the callback draws nothing, saves nothing extra."""
-    pytest.importorskip("transformers")
     plain, spot = _run_both("hf_baseline_train.py", tmp_path)
     _assert_bitwise_equal(plain, spot)
 
 
-def test_lightning_resumed_twice_is_bitwise_the_plain_script(tmp_path: Path):
+@pytest.fixture(scope="module")
+def plain_state(tmp_path_factory: pytest.TempPathFactory):
+    """The plain script's final state without interruption: both resume tests' reference."""
+    folder = tmp_path_factory.mktemp("plain")
+    with shared_run(RESUMED, folder, clean_env(), "--mode", "plain", *STEPS) as text:
+        def state() -> dict:
+            text()   # waits for its clean exit (once)
+            return _state(folder)
+        yield state
+
+
+def _resumed(tmp_path: Path, *gates: tuple[str, str, str]) -> Path:
+    """The spotrun script through one notice per gate (name, step, marker) and a last attempt
+    that finishes: that attempt's folder."""
+    uri = (tmp_path / "store").as_uri()
+    for attempt, (name, step, marker) in enumerate(gates, 1):
+        folder, progress = tmp_path / f"a{attempt}", tmp_path / f"progress-{attempt}.json"
+        env = clean_env(SPOTRUN_CHECKPOINT_URI=uri, SPOTRUN_ATTEMPT=str(attempt),
+                        SPOTRUN_PROGRESS_FILE=str(progress), **{name: step})
+        assert notice_and_kill(start(RESUMED, folder, env, "--mode", "spotrun", *STEPS), folder,
+                               marker, uri, "lightning/1", progress) == int(step)
+    n = len(gates) + 1
+    last = tmp_path / f"a{n}"
+    env = clean_env(SPOTRUN_CHECKPOINT_URI=uri, SPOTRUN_ATTEMPT=str(n),
+                    SPOTRUN_PROGRESS_FILE=str(tmp_path / f"progress-{n}.json"))
+    text = finish(start(RESUMED, last, env, "--mode", "spotrun", *STEPS), last)
+    assert f"resume-ckpt-{int(gates[-1][1]):012d}" in text
+    return last
+
+
+def test_lightning_resumed_twice_is_bitwise_the_plain_script(tmp_path: Path, plain_state):
     """Global-RNG order (no seed=): a notice during the validation after step 10, one after
     step 17 (mid-epoch, 12 batches an epoch), then past the epoch end: the plain script's
     weights."""
-    script, steps = "lightning_baseline_train.py", ("--steps", "30")
-    ref = start(script, tmp_path / "plain", clean_env(), "--mode", "plain", *steps)
-    uri = (tmp_path / "store").as_uri()
-    kind = "lightning/1"
-
-    def env(attempt: int, **gates: str) -> dict[str, str]:
-        return clean_env(SPOTRUN_CHECKPOINT_URI=uri, SPOTRUN_ATTEMPT=str(attempt),
-                         SPOTRUN_PROGRESS_FILE=str(tmp_path / f"progress-{attempt}.json"), **gates)
-
-    a1, a2, a3 = tmp_path / "a1", tmp_path / "a2", tmp_path / "a3"
-    assert notice_and_kill(start(script, a1, env(1, WORKLOAD_GATE_STEP="10"), "--mode", "spotrun",
-                                 *steps), a1, "gate-eval", uri, kind,
-                           tmp_path / "progress-1.json") == 10
-    assert notice_and_kill(start(script, a2, env(2, WORKLOAD_TRAIN_GATE_STEP="17"), "--mode",
-                                 "spotrun", *steps), a2, "gate-train", uri, kind,
-                           tmp_path / "progress-2.json") == 17
-    assert "resume-ckpt-000000000017" in finish(start(script, a3, env(3), "--mode", "spotrun",
-                                                      *steps), a3)
-    finish(ref, tmp_path / "plain")
-    _assert_bitwise_equal(_state(tmp_path / "plain"), _state(a3))
+    last = _resumed(tmp_path, ("WORKLOAD_GATE_STEP", "10", "gate-eval"),
+                    ("WORKLOAD_TRAIN_GATE_STEP", "17", "gate-train"))
+    _assert_bitwise_equal(plain_state(), _state(last))
 
 
 def test_lightning_resumed_at_a_validation_step_and_at_an_epoch_end_is_the_plain_script(
-        tmp_path: Path):
+        tmp_path: Path, plain_state):
     """A notice at step 10's end (saved in the validation that follows, which the resume runs
     again), then one at step 12's end (the last batch of epoch 0, saved as the next epoch's
     first batch starts): still the plain script's weights."""
-    script, steps = "lightning_baseline_train.py", ("--steps", "30")
-    ref = start(script, tmp_path / "plain", clean_env(), "--mode", "plain", *steps)
-    uri = (tmp_path / "store").as_uri()
-    kind = "lightning/1"
-
-    def env(attempt: int, **gates: str) -> dict[str, str]:
-        return clean_env(SPOTRUN_CHECKPOINT_URI=uri, SPOTRUN_ATTEMPT=str(attempt),
-                         SPOTRUN_PROGRESS_FILE=str(tmp_path / f"progress-{attempt}.json"), **gates)
-
-    a1, a2, a3 = tmp_path / "a1", tmp_path / "a2", tmp_path / "a3"
-    assert notice_and_kill(start(script, a1, env(1, WORKLOAD_TRAIN_GATE_STEP="10"), "--mode",
-                                 "spotrun", *steps), a1, "gate-train", uri, kind,
-                           tmp_path / "progress-1.json") == 10
-    assert "emergency checkpoint at step 10 during evaluation" in (a1 / "output.log").read_text()
-    assert notice_and_kill(start(script, a2, env(2, WORKLOAD_TRAIN_GATE_STEP="12"), "--mode",
-                                 "spotrun", *steps), a2, "gate-train", uri, kind,
-                           tmp_path / "progress-2.json") == 12
-    assert "resume-ckpt-000000000012" in finish(start(script, a3, env(3), "--mode", "spotrun",
-                                                      *steps), a3)
-    finish(ref, tmp_path / "plain")
-    _assert_bitwise_equal(_state(tmp_path / "plain"), _state(a3))
+    last = _resumed(tmp_path, ("WORKLOAD_TRAIN_GATE_STEP", "10", "gate-train"),
+                    ("WORKLOAD_TRAIN_GATE_STEP", "12", "gate-train"))
+    assert "emergency checkpoint at step 10 during evaluation" in (
+        tmp_path / "a1" / "output.log").read_text()
+    _assert_bitwise_equal(plain_state(), _state(last))

@@ -7,19 +7,21 @@ tests/test_job_state_lightning.py runs a Lightning job through the daemon and lo
 
 from __future__ import annotations
 
+import importlib.util
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-pytest.importorskip("lightning")
-
-from integration_helpers import (  # noqa: E402
+from integration_helpers import (
     clean_env, final_sha, finish, notice_and_kill, start, steps_in_store,
     reap_workloads)  # noqa: F401 (autouse fixture)
 
-pytestmark = pytest.mark.slow
+# Not importorskip: importing lightning here would cost this process seconds for nothing (the
+# workloads import it).
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(not importlib.util.find_spec("lightning"),
+                                                   reason="lightning is not installed")]
 KIND = "lightning/1"
 SHA_OF_STATE_DICT = r'''
 import hashlib, sys, torch

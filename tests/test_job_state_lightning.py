@@ -15,20 +15,26 @@ and among the final checkpoint's persisted files (the spec persists nothing itse
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import re
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 
-pytest.importorskip("lightning")
+from integration_helpers import (
+    clean_env, final_sha, finish, finished, local_rig, running_attempt, shared_run, start,
+    reap_workloads)  # noqa: F401 (autouse fixture)
 
-from click.testing import CliRunner  # noqa: E402
-
-from integration_helpers import (  # noqa: E402
-    clean_env, final_sha, finish, local_rig, start, reap_workloads)  # noqa: F401 (autouse fixture)
-
-pytestmark = pytest.mark.slow
+# Not importorskip: importing lightning here would cost this process seconds for nothing (the
+# workloads import it).
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(not importlib.util.find_spec("lightning"),
+                                                   reason="lightning is not installed")]
+# Three epochs of 12 batches: the daemon job's notices (steps 12 and 21) leave a full epoch
+# to its last attempt, and the last validation, where the direct test's notice comes, ends
+# an epoch too. One length for both: they share the plain run.
+STEPS = 36
 
 METRICS = "lightning_logs/version_0/metrics.csv"
 RESULTS = ("best-model-score", "best-model-name", "best-model-sha256", "top-k")
@@ -45,31 +51,38 @@ def results(text: str) -> dict[str, str]:
     return found
 
 
+@pytest.fixture(scope="module")
+def plain(tmp_path_factory: pytest.TempPathFactory):
+    """The script without spotrun, run once without interruption: both tests' reference."""
+    folder = tmp_path_factory.mktemp("plain")
+    with shared_run("lightning_best_plain.py", folder, clean_env(), "--steps", str(STEPS)) as text:
+        yield folder, text
+
+
 def test_lightning_job_state_through_reclaims_on_the_local_provider(tmp_home: Path,
-                                                                      tmp_path: Path):
+                                                                      tmp_path: Path, plain):
     from spotrun import jobfiles
     from spotrun.checkpoints import latest_verified
     from spotrun.cli import cli
     from spotrun.db import attempts_of, session
     from spotrun.jobs import submit, validate_submission
     from spotrun.states import EndReason, JobState
-    from test_e2e_local import finished, job_log, running_attempt
+    from test_e2e_local import job_log
 
-    spec_body = ("name: lit-state\ncommand: python lightning_best_train.py --steps 36\n"
-                 "workdir: code\nwork: {total_steps: 36}\npolicy: {market: spot}\n"
+    spec_body = (f"name: lit-state\ncommand: python lightning_best_train.py --steps {STEPS}\n"
+                 f"workdir: code\nwork: {{total_steps: {STEPS}}}\npolicy: {{market: spot}}\n"
                  "outputs: [lightning_logs]\npersist: []\n"
                  "env: {WORKLOAD_GATE_STEP: '1:12', WORKLOAD_TRAIN_GATE_STEP: '2:21'}\n")
     with local_rig(tmp_home, tmp_path, "lightning_best_train.py", spec_body) as (ctx, runner,
                                                                                  spec):
         job = submit(validate_submission(spec, ctx.settings), ctx.engine)
-        plain = start("lightning_best_plain.py", tmp_path / "plain", clean_env(),
-                      "--steps", "36")
         runner.start()
         # Each gate holds its attempt (in the validation after step 12, then after step 21)
-        # until the notice has come; the reclaim follows 2 wall seconds later.
+        # until the notice has come. 30 market s of notice: 5 wall s at the paced market's
+        # notice rate (x6), time for the emergency save and the outputs' upload under load.
         for number, step in ((1, 12), (2, 21 - 12)):
             att = running_attempt(ctx, job.id, number, min_progress=step)
-            ctx.provider.client.interrupt(att.instance_id, in_s=120.0, notice=True)
+            ctx.provider.client.interrupt(att.instance_id, in_s=30.0, notice=True)
         done = finished(ctx, job.id)
         runner.stop(wait=True)
         assert done.state is JobState.SUCCEEDED, done.reason
@@ -82,8 +95,9 @@ def test_lightning_job_state_through_reclaims_on_the_local_provider(tmp_home: Pa
         assert "emergency checkpoint at step 21 during train" in log
         assert "dirpath has changed" not in log   # ModelCheckpoint kept its folder
 
-        ref_text = finish(plain, tmp_path / "plain")
-        ref_csv = (tmp_path / "plain" / METRICS).read_bytes()
+        plain_dir, plain_text = plain
+        ref_text = plain_text()
+        ref_csv = (plain_dir / METRICS).read_bytes()
         assert results(log) == results(ref_text)
 
         # The last attempt's job directory: one version folder, every row once.
@@ -91,13 +105,13 @@ def test_lightning_job_state_through_reclaims_on_the_local_provider(tmp_home: Pa
         assert sorted(p.name for p in (job_dir / "lightning_logs").iterdir()) == ["version_0"]
         assert (job_dir / METRICS).read_bytes() == ref_csv
         kept = "lightning_logs/version_0/checkpoints"   # ModelCheckpoint's top 2
-        top_k = sorted(f"{kept}/{p.name}" for p in (tmp_path / "plain" / kept).iterdir())
+        top_k = sorted(f"{kept}/{p.name}" for p in (plain_dir / kept).iterdir())
         assert sorted(f"{kept}/{p.name}" for p in (job_dir / kept).iterdir()) == top_k
 
         # The final checkpoint holds the same files (what a resume or an export would get).
         store = ctx.store_for(done.checkpoint_uri)
         final = latest_verified(store)
-        assert final is not None and final.step == 36
+        assert final is not None and final.step == STEPS
         assert jobfiles.file_bytes(store, final.name, METRICS) == ref_csv
         # `persist: []`: the callback registered the log and ModelCheckpoint folders itself,
         # and not its own checkpoint folder.
@@ -113,22 +127,22 @@ def test_lightning_job_state_through_reclaims_on_the_local_provider(tmp_home: Pa
         assert (dest / METRICS).read_bytes() == ref_csv
 
 
-def test_lightning_notice_in_the_last_validation_is_rerun_by_the_resume(tmp_path: Path):
-    """The notice comes in the validation after the last step (max_steps=12), where a resumed
-    Lightning fit would stop before that validation: the resume in a fresh job directory (the
-    persisted files restored from the store) runs it, so its row and ModelCheckpoint's save
-    of step 12 exist once, as in the plain script's run. Direct processes: the first exits
-    right after its emergency save."""
-    plain = start("lightning_best_plain.py", tmp_path / "plain", clean_env(), "--steps", "12")
+def test_lightning_notice_in_the_last_validation_is_rerun_by_the_resume(tmp_path: Path, plain):
+    """The notice comes in the validation after the last step (max_steps=36, an epoch's end),
+    where a resumed Lightning fit would stop before that validation: the resume in a fresh job
+    directory (the persisted files restored from the store) runs it, so its row and
+    ModelCheckpoint's save of step 36 exist once, as in the plain script's run. Direct
+    processes: the first exits right after its emergency save."""
     uri = (tmp_path / "store").as_uri()
     a1, a2 = tmp_path / "a1", tmp_path / "a2"
     text1 = finish(start("lightning_best_train.py", a1,
-                         clean_env(SPOTRUN_CHECKPOINT_URI=uri, WORKLOAD_NOTICE_AT="val:12:2"),
-                         "--steps", "12"), a1)
-    assert "emergency checkpoint at step 12 during evaluation" in text1
+                         clean_env(SPOTRUN_CHECKPOINT_URI=uri, WORKLOAD_NOTICE_AT=f"val:{STEPS}:2"),
+                         "--steps", str(STEPS)), a1)
+    assert f"emergency checkpoint at step {STEPS} during evaluation" in text1
     assert "best-model-score" not in text1
     text2 = finish(start("lightning_best_train.py", a2, clean_env(SPOTRUN_CHECKPOINT_URI=uri),
-                         "--steps", "12"), a2)
-    assert "resume-ckpt-000000000012" in text2
-    assert results(text2) == results(finish(plain, tmp_path / "plain"))
-    assert (a2 / METRICS).read_bytes() == (tmp_path / "plain" / METRICS).read_bytes()
+                         "--steps", str(STEPS)), a2)
+    assert f"resume-ckpt-{STEPS:012d}" in text2
+    plain_dir, plain_text = plain
+    assert results(text2) == results(plain_text())
+    assert (a2 / METRICS).read_bytes() == (plain_dir / METRICS).read_bytes()

@@ -5,10 +5,12 @@ steps, `load_best_model_at_end` on `eval_loss`, `save_total_limit=2`, cosine sch
 warm-up, gradient accumulation 2. The evaluation set is a wider vocabulary than the training
 set, so the evaluation loss falls, then rises as the model narrows to the training tokens: the
 best checkpoint is step 20 of 40, not the last. hf_best_train.py is this script with spotrun
-added; both print what the test compares as `result {json}`.
+added; both print what the test compares as `result {json}` and save the best model and
+its hash in `outputs/` (the job's outputs, as docs/integrations.md's example does).
 """
 import hashlib
 import json
+from pathlib import Path
 
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
@@ -51,4 +53,8 @@ args = TrainingArguments(
 trainer = Trainer(model=model, args=args, train_dataset=Tokens(128, 1, 16),
                   eval_dataset=Tokens(32, 2, 24))
 trainer.train()
-print("result " + json.dumps(result(trainer)), flush=True)
+res = result(trainer)
+trainer.save_model("outputs/final")   # the best model, for the job's outputs
+Path("outputs/metrics.json").write_text(json.dumps({"step": res["global_step"],
+                                                     "sha256": res["sha256"]}))
+print("result " + json.dumps(res), flush=True)

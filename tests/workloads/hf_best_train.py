@@ -105,5 +105,9 @@ trainer = Trainer(model=model, args=args, train_dataset=Tokens(128, 1, 16),
 start = resume_from_checkpoint(trainer)
 print(f"start {start or 'fresh'}", flush=True)
 trainer.train(resume_from_checkpoint=start)
+res = result(trainer)
+trainer.save_model("outputs/final")   # the best model, for the job's outputs
+Path("outputs/metrics.json").write_text(json.dumps({"step": res["global_step"],
+                                                     "sha256": res["sha256"]}))
 print("emergency", json.dumps(spot.emergency_steps), flush=True)
-print("result " + json.dumps(result(trainer)), flush=True)
+print("result " + json.dumps(res), flush=True)
