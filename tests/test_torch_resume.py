@@ -55,7 +55,9 @@ def _progress(path: Path) -> dict:
         return {}
 
 
-def _poll(pred, proc: subprocess.Popen[str], deadline_s: float = 60.0):
+# A deadline to fail by, not a timing assumption: a loaded 2-core box took over 60 s to
+# start torch and reach step 150 once.
+def _poll(pred, proc: subprocess.Popen[str], deadline_s: float = 240.0):
     """Poll pred() until truthy; fail if the process ends first or the deadline passes."""
     end = time.monotonic() + deadline_s
     while time.monotonic() < end:

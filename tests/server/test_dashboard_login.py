@@ -215,10 +215,16 @@ def test_over_tls_the_cookies_are_secure(team, tmp_path):
 
 @pytest.mark.slow
 def test_browser_login_job_page_trail_and_logout(team):
+    from selenium.common.exceptions import StaleElementReferenceException
     from selenium.webdriver.common.by import By
-    from selenium.webdriver.support.ui import WebDriverWait
+    from selenium.webdriver.support import ui
     _demo_like_home(team.home)
     driver = _browser()
+
+    def WebDriverWait(d, timeout_s):   # noqa: N802 (selenium's name, one more ignore)
+        # A form post replaces the page: an element read just before it goes stale.
+        return ui.WebDriverWait(d, timeout_s,
+                                ignored_exceptions=(StaleElementReferenceException,))
     try:
         def ready(d):
             return d.execute_script("return document.body.dataset.ready === '1'")
