@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from polling import wait_for
+from zygote import Zygote
 
 # Holds SQLite's write lock (BEGIN IMMEDIATE plus a write), says so, then freezes itself.
 # With argv[2] it first takes the daemon lease for argv[2] seconds, as a daemon would.
@@ -31,22 +32,6 @@ os.kill(os.getpid(), signal.SIGSTOP)
 conn.execute("COMMIT")
 '''
 
-# Imports everything first, waits for a line on stdin, then runs the CLI: processes
-# released together race on the database open itself, not on Python start-up.
-RACER = r'''
-import sys
-import spotrun.cli, spotrun.cli.jobs, spotrun.cli.daemon, spotrun.db, spotrun.db.migrations
-import spotrun.daemon.app, spotrun.daemon.service
-sys.stdin.readline()
-sys.argv = ["spotrun"] + sys.argv[1:]
-from spotrun.cli import main
-main()
-'''
-
-# Drops the capabilities that let root ignore file modes, so a read-only file is read-only.
-UNPRIVILEGED = ["setpriv", "--bounding-set", "-dac_override,-dac_read_search,-fowner", "--"]
-
-
 def cli_env(home: Path, **extra: str) -> dict[str, str]:
     """The environment of a CLI process on home."""
     env = dict(os.environ, SPOTRUN_HOME=str(home))
@@ -55,13 +40,13 @@ def cli_env(home: Path, **extra: str) -> dict[str, str]:
     return env
 
 
-def run_cli(home: Path, *args: str, unprivileged: bool = False,
-            timeout_s: float = 120.0) -> subprocess.CompletedProcess:
-    """`python -m spotrun ARGS` on home; the finished process (text output)."""
-    prefix = UNPRIVILEGED if unprivileged and os.geteuid() == 0 else []
-    return subprocess.run(prefix + [sys.executable, "-m", "spotrun", *args], env=cli_env(home),
-                          capture_output=True, text=True, timeout=timeout_s,
-                          stdin=subprocess.DEVNULL)
+class CliZygote(Zygote):
+    """The CLI's processes on a test home, forked from a zygote (tests/zygote.py)."""
+
+    def run(self, home: Path, *args: str, timeout_s: float = 120.0,
+            **extra_env: str) -> subprocess.CompletedProcess:
+        """`python -m spotrun ARGS` on home (one fresh process); the finished process."""
+        return self.run_all([list(args)], [cli_env(home, **extra_env)], timeout_s)[0]
 
 
 def assert_one_line_failure(proc: subprocess.CompletedProcess, *words: str) -> str:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import random
+import sys
 import threading
 import time
 from collections import Counter
@@ -25,13 +26,53 @@ from spotrun.providers.facts import rules_for
 from spotrun.states import AttemptState, EndReason, JobState, Market, TerminationCause
 
 from conftest import kill_leftovers, write_trace
-from daemon_helpers import (DaemonProc, all_booked, live_instance_pids, market_records, submit_job, write_home, write_job)
+from daemon_helpers import (WORKLOAD, all_booked, live_instance_pids, market_records, submit_job,
+                            write_home, write_job)
 from polling import wait_for
+from zygote import Zygote, daemon_env
 
 pytestmark = pytest.mark.slow
 KILLS = 20
 SEED = 8
 PHASES = ("launch", "reclaim", "recovery", "checkpoint", "random")
+
+# daemon_helpers.WORKLOAD, but a step ends the job (last checkpoint, exit 0) once the gate
+# file exists: the test opens it after its last kill, so the jobs are busy at every kill
+# however slow the box, and the run ends soon after the kills do.
+_PACED = "for step in range(start + 1, total + 1):\n    time.sleep(step_s)\n"
+assert _PACED in WORKLOAD
+GATED_WORKLOAD = WORKLOAD.replace(_PACED, (
+    "step = start\n"
+    "while step < total:\n"
+    "    time.sleep(step_s)\n"
+    "    step = total if os.path.exists(os.environ['CHAOS_GATE']) else step + 1\n"))
+
+
+@pytest.fixture(scope="module")
+def zygote():
+    """The daemons: 42 SIGKILLed or stopped processes, each forked from one that has
+    spotrun imported (tests/zygote.py), not each paying ~1.5 CPU s to start."""
+    z = Zygote()
+    yield z
+    z.close()
+
+
+def _daemon(zygote: Zygote, home: Path, log: Path):
+    """`python -m spotrun daemon` on home in its own session (as DaemonProc), log appended."""
+    return zygote.spawn(["daemon"], daemon_env(home), log)
+
+
+def _gated_job(tmp: Path, name: str, steps: int, gate: Path) -> Path:
+    """A spot job running GATED_WORKLOAD (a step every 0.02 s, a checkpoint every 40)."""
+    code = tmp / f"code-{name}"
+    code.mkdir()
+    (code / "train.py").write_text(GATED_WORKLOAD)
+    spec = tmp / f"{name}.yaml"
+    spec.write_text(f"name: {name}\ncommand: {sys.executable} train.py\nworkdir: {code}\n"
+                    f"work: {{total_steps: {steps}}}\npolicy: {{market: spot}}\n"
+                    f"env: {{WORKLOAD_STEP_S: '0.02', WORKLOAD_CKPT_EVERY: '40', "
+                    f"CHAOS_GATE: '{gate}'}}\n")
+    return spec
 
 
 def _period(n: int, down: int, ticks: int = 400) -> list[int]:
@@ -94,14 +135,16 @@ def _lease_count(log: Path) -> int:
         return 0
 
 
-def test_sigkill_at_20_moments_loses_nothing(home: Path, tmp_path: Path):
+def test_sigkill_at_20_moments_loses_nothing(home: Path, tmp_path: Path, zygote: Zygote):
     t0 = time.monotonic()
     rng = random.Random(SEED)
-    # Sized so that the jobs are still busy when the last kill comes (~50 steps/s).
-    specs = {"alpha": 1200, "bravo": 1500, "charlie": 1000, "victim": 50000}
-    ids = {n: submit_job(home, write_job(tmp_path, n, steps=steps,
-                                         env={"WORKLOAD_STEP_S": "0.02",
-                                              "WORKLOAD_CKPT_EVERY": "40"}))
+    # why these sizes (~50 steps/s): alpha and bravo would run for 400 s and more, so they
+    # are busy until the gate opens after the last kill, however slow the box; charlie
+    # (~20 s of steps) may end by itself among the kills, as a job would; the victim is
+    # cancelled.
+    gate = tmp_path / "gate"
+    specs = {"alpha": 20000, "bravo": 25000, "charlie": 1000, "victim": 50000}
+    ids = {n: submit_job(home, _gated_job(tmp_path, n, steps, gate))
            for n, steps in specs.items()}
     engine = open_db(f"sqlite:///{home / 'spotrun.db'}")
     watcher = Watcher(engine, ids["victim"])
@@ -109,7 +152,7 @@ def test_sigkill_at_20_moments_loses_nothing(home: Path, tmp_path: Path):
     pause = threading.Event()
     hits: list[str] = []
     for k in range(KILLS):
-        d = DaemonProc(home, log)
+        d = _daemon(zygote, home, log)
         before = k
         wait_for(lambda: _lease_count(log) > before, 30, f"daemon {k} to take the lease")
         watcher.snapshot()
@@ -127,7 +170,8 @@ def test_sigkill_at_20_moments_loses_nothing(home: Path, tmp_path: Path):
         if k == 5:
             request_cancel(engine, ids["victim"])   # while the daemon is down
     # A last daemon runs to the end, then stops cleanly on SIGTERM.
-    final = DaemonProc(home, log)
+    gate.touch()
+    final = _daemon(zygote, home, log)
     wait_for(lambda: _lease_count(log) > KILLS, 30, "the last daemon to take the lease")
 
     def settled():
@@ -194,7 +238,8 @@ EXIT_KILLS = 20
 
 
 def test_sigkill_between_exit_report_and_instance_end_never_reruns(tmp_home: Path,
-                                                                   tmp_path: Path):
+                                                                   tmp_path: Path,
+                                                                   zygote: Zygote):
     """20 SIGKILLs of the daemon, each placed while a finished job's instance still runs
     (its agent wrote exit.json); the instance is then reclaimed. No job may run twice."""
     from runtime_helpers import exit_report, hold_command, start_market
@@ -210,7 +255,7 @@ def test_sigkill_between_exit_report_and_instance_end_never_reruns(tmp_home: Pat
         pending = list(ids)
         kills = 0
         while kills < EXIT_KILLS:
-            d = DaemonProc(tmp_home, log)
+            d = _daemon(zygote, tmp_home, log)
             before = kills
             wait_for(lambda: _lease_count(log) > before, 30, f"daemon {kills} to take the lease")
             if kills % 2 == 0:
@@ -227,7 +272,7 @@ def test_sigkill_between_exit_report_and_instance_end_never_reruns(tmp_home: Pat
                 d.kill()
                 pending.remove(job)
             kills += 1
-        final = DaemonProc(tmp_home, log)
+        final = _daemon(zygote, tmp_home, log)
         wait_for(lambda: _lease_count(log) > kills, 30, "the last daemon to take the lease")
         wait_for(lambda: all(j.state.is_terminal() for j in jobs_now(engine)[0].values())
                  or any(a.number > 1 for a in jobs_now(engine)[1]), 90, "every job to settle")

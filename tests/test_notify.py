@@ -169,12 +169,15 @@ def test_failed_job_and_budget_crossing_reach_the_receiver_once_across_sigkill(
     fail.write_text(f"name: fails\ncommand: {sys.executable} train.py\nworkdir: {code}\n"
                     "env: {WORKLOAD_FAIL: '1'}\nwork: {total_steps: 100}\n"
                     "policy: {market: spot, max_restarts_on_error: 0}\n")
-    # $12/h at x600 is $2 a wall second; a running job commits the stop margin's prior (25.9
-    # wall s: $51.80, spotrun.ledger.stopmargin) on top of its spend: 80% of $100 (spent plus
-    # committed) comes after about 14 s, the budget stop after about 24 s.
+    # $12/h at x600 is $2 a wall second on the trace's own type (pinned: the cheapest type
+    # would be priced by its on-demand ratio); a running job commits the stop margin's prior
+    # (25.9 wall s: $51.80, spotrun.ledger.stopmargin) on top of its spend. # why $80: 80% of
+    # it (spent plus committed) comes about 6 s after the launch, while the job runs, and the
+    # budget stop about 8 s later, so the two crossings are separate alerts.
     spend = tmp_path / "spend.yaml"
     spend.write_text(f"name: spends\ncommand: {sys.executable} train.py\nworkdir: {code}\n"
-                     "work: {total_steps: 100000}\npolicy: {market: spot, budget_usd: 100}\n")
+                     "work: {total_steps: 100000}\nresources: {instance_types: [p3.2xlarge]}\n"
+                     "policy: {market: spot, budget_usd: 80}\n")
     receiver.refuse = lambda text: "budget" in text   # budget alerts wait out the crash
     daemon = DaemonProc(tmp_home, tmp_path / "daemon.log")
     engine = open_db(load_settings(str(tmp_home)).database_url)
@@ -184,7 +187,7 @@ def test_failed_job_and_budget_crossing_reach_the_receiver_once_across_sigkill(
         spend_id = submit_job(tmp_home, spend)
         wait_for(lambda: receiver.texts(containing=f"{failed_id} failed"), 120,
                  "the failed-job alert")
-        wait_for(lambda: _rounds(engine, f"budget_80:{spend_id}:100.0") >= 1, 120,
+        wait_for(lambda: _rounds(engine, f"budget_80:{spend_id}:80.0") >= 1, 120,
                  "a budget alert that could not be delivered yet")
         daemon.kill()
         receiver.refuse = lambda text: False
@@ -199,8 +202,8 @@ def test_failed_job_and_budget_crossing_reach_the_receiver_once_across_sigkill(
         kill_leftovers(tmp_home / "market")
     assert len(receiver.texts(containing=f"{failed_id} failed")) == 1
     by_id = [e["id"] for e in receiver.received]
-    assert by_id.count(f"budget_80:{spend_id}:100.0@test") == 1          # the 80% crossing
-    assert by_id.count(f"budget_100:{spend_id}:100.0@test") <= 1         # and 100%, if reached
+    assert by_id.count(f"budget_80:{spend_id}:80.0@test") == 1           # the 80% crossing
+    assert by_id.count(f"budget_100:{spend_id}:80.0@test") <= 1          # and 100%, if reached
     ids = [e["id"] for e in receiver.received]
     assert len(ids) == len(set(ids)), ids
 
