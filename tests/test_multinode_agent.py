@@ -177,7 +177,7 @@ def test_a_notice_on_one_node_checkpoints_every_rank_of_the_job_at_one_step(clus
     for iid in ("i-0a", "i-0b"):
         assert c.wait_exit(iid)["reason"] == "completed", c.stderr(iid)
         beat = c.report(layout.node_heartbeat_key, iid)
-        assert beat and beat["instance_id"] == iid and beat["node_rank"] in (0, 1)
+        assert beat and beat["instance_id"] == c.iid(iid) and beat["node_rank"] in (0, 1)
     assert not (c.store_dir / layout.exit_key(c.job_id, 1)).exists()   # per node only
     assert "start step 0" in c.output("i-0a") and "start step 0" in c.output("i-0b")
     # Node 1's agent saw the save in its own node's progress file: every rank saved step 13.
