@@ -8,6 +8,7 @@ import os
 import signal
 import socket
 import sys
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -62,12 +63,19 @@ class Cluster:
             checkpoint_uri=self.ckpt_uri, env=dict(JOB_ENV), stop_grace_s=5.0,
             **overrides)
         self.version = 0
-        self.agents: dict[str, Any] = {}     # instance id -> Popen
+        self.agents: dict[str, Any] = {}     # instance name -> Popen
         self.imds: dict[str, Any] = {}
+        # Instances are killed by the SPOTRUN_INSTANCE_ID their processes carry (as the market
+        # does): a tag per cluster keeps another test's (or another run's) "i-0a" out of reach.
+        self.tag = uuid.uuid4().hex[:8]
+
+    def iid(self, name: str) -> str:
+        """The instance id behind a test's name for it ("i-0a" -> "i-0a-<tag>")."""
+        return f"{name}-{self.tag}"
 
     def start(self, iid: str) -> Any:
         """Boot an instance: its IMDS, then its agent (the same user data on every node)."""
-        server = imds_mod.ImdsServer(iid).start()
+        server = imds_mod.ImdsServer(self.iid(iid)).start()
         self.imds[iid] = server
         proc, _ = agent_helpers.start_agent(self.root, self.config, name=iid,
                                             env={"SPOTRUN_IMDS_ENDPOINT": server.url})
@@ -80,7 +88,7 @@ class Cluster:
         body = {"version": self.version, "nnodes": self.nodes,
                 "nnodes_min": self.config.nodes_min or self.nodes,
                 "rdzv_id": self.job_id, "rdzv_endpoint": endpoint, "rdzv_host_rank": host_rank,
-                "nodes": [{"rank": r, "instance_id": i, "host": "127.0.0.1"}
+                "nodes": [{"rank": r, "instance_id": self.iid(i), "host": "127.0.0.1"}
                           for r, i in sorted(ranks.items())]}
         self.store.put_bytes(layout.nodes_key(self.job_id, 1), json.dumps(body).encode())
 
@@ -88,14 +96,15 @@ class Cluster:
         """The instance vanishes: SIGKILL to its agent and everything it started."""
         proc = self.agents[iid]
         ticks = procs.start_ticks(proc.pid)
-        procs.signal_instance(iid, proc.pid, ticks, signal.SIGKILL)
+        procs.signal_instance(self.iid(iid), proc.pid, ticks, signal.SIGKILL)
         proc.wait(timeout=30)
-        wait_for(lambda: not procs.instance_pids(iid, None, None), 30, f"{iid} to be gone")
+        wait_for(lambda: not procs.instance_pids(self.iid(iid), None, None), 30,
+                 f"{iid} to be gone")
         self.imds.pop(iid).stop()
 
     def key(self, fn: Any, iid: str) -> Path:
         """A per-node report's file in the store."""
-        return self.store_dir / fn(self.job_id, 1, iid)
+        return self.store_dir / fn(self.job_id, 1, self.iid(iid))
 
     def report(self, fn: Any, iid: str) -> dict[str, Any] | None:
         """A per-node report (heartbeat / exit / notice), or None while missing."""
@@ -129,15 +138,15 @@ class Cluster:
 
     def output(self, iid: str) -> str:
         """What the node's command printed (the log segments in the store, in order)."""
-        prefix = self.store_dir / layout.node_log_prefix(self.job_id, 1, iid)
+        prefix = self.store_dir / layout.node_log_prefix(self.job_id, 1, self.iid(iid))
         return "".join(p.read_text() for p in sorted(prefix.glob("*.log")))
 
     def close(self) -> None:
         """Kill whatever still runs (a failed test leaves nothing behind)."""
         for iid, proc in list(self.agents.items()):
-            if proc.poll() is None or procs.instance_pids(iid, None, None):
-                procs.signal_instance(iid, proc.pid if proc.poll() is None else None, None,
-                                      signal.SIGKILL)
+            if proc.poll() is None or procs.instance_pids(self.iid(iid), None, None):
+                procs.signal_instance(self.iid(iid), proc.pid if proc.poll() is None else None,
+                                      None, signal.SIGKILL)
                 proc.wait(timeout=30)
         for server in self.imds.values():
             server.stop()

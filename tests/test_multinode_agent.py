@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
+from typing import Callable, Iterator
 
 import pytest
 
@@ -14,6 +15,7 @@ from spotrun.checkpoints import checkpoint_name, read_manifest
 from spotrun.store import open_store
 
 from multinode_helpers import Cluster, free_port
+from multinode_reference import UninterruptedRun
 from polling import wait_for
 
 pytestmark = pytest.mark.slow
@@ -38,22 +40,12 @@ def clusters(tmp_path: Path):
 
 
 @pytest.fixture(scope="module")
-def baseline(tmp_path_factory) -> str:
-    """Final weights of an uninterrupted 2-node run through two agents."""
-    c = Cluster(tmp_path_factory.mktemp("mn") / "base", "job-base", steps=STEPS)
-    try:
-        c.start("i-0a")
-        c.start("i-0b")
-        c.write_nodes({0: "i-0a", 1: "i-0b"}, endpoint=f"127.0.0.1:{free_port()}", host_rank=0)
-        for iid in ("i-0a", "i-0b"):
-            assert c.wait_exit(iid)["reason"] == "completed", c.stderr(iid)
-            beat = c.report(layout.node_heartbeat_key, iid)
-            assert beat and beat["instance_id"] == iid and beat["node_rank"] in (0, 1)
-        assert not (c.store_dir / layout.exit_key(c.job_id, 1)).exists()   # per node only
-        assert "start step 0" in c.output("i-0a") and "start step 0" in c.output("i-0b")
-        return c.final_sha()
-    finally:
-        c.close()
+def uninterrupted(tmp_path_factory) -> Iterator[Callable[[], str]]:
+    """Final weights of an uninterrupted run of the job on two ranks (one for the session),
+    started at once beside the first test that asks; the call waits for them."""
+    run = UninterruptedRun(tmp_path_factory, f"--steps {STEPS}")
+    yield run.sha
+    run.close()
 
 
 def _held(c: Cluster) -> bool:
@@ -65,60 +57,71 @@ def _endpoint(c: Cluster) -> str:
     return json.loads((c.store_dir / layout.nodes_key(c.job_id, 1)).read_text())["rdzv_endpoint"]
 
 
-def _run_with_a_loss(make, lost_rank: int) -> tuple[Cluster, str]:
-    """Two nodes train to HOLD_AT; node `lost_rank` vanishes; a third instance replaces it."""
-    c = make(f"loss{lost_rank}", args=f"--hold-at {HOLD_AT} --hold-dir {{root}}/hold")
+def _resumed_at(out: str) -> list[int]:
+    """The steps the node's workers started from, in order."""
+    return [int(m) for m in re.findall(r"start step (\d+)", out)]
+
+
+def _lose(c: Cluster, ranks: dict[int, str], lost_rank: int, new: str, release: str) -> None:
+    """Node `lost_rank` vanishes while every rank holds (released by the file `release`); the
+    instance `new` replaces it in `ranks`."""
+    c.kill(ranks[lost_rank])
+    (c.root / "hold" / release).write_text("")
+    # The daemon's two writes: the loss (the host's loss moves the rendezvous to the
+    # survivor, on a new port), then the replacement once it is launched.
+    host_rank = 1 if lost_rank == 0 else 0
+    endpoint = f"127.0.0.1:{free_port()}" if lost_rank == 0 else _endpoint(c)
+    survivors = {r: i for r, i in ranks.items() if r != lost_rank}
+    c.write_nodes(survivors, endpoint=endpoint, host_rank=host_rank)
+    c.start(new)
+    ranks[lost_rank] = new
+    c.write_nodes(ranks, endpoint=endpoint, host_rank=host_rank)
+
+
+def test_lost_nodes_are_replaced_the_survivor_keeping_its_torchrun_unless_the_host_is_lost(
+        clusters, uninterrupted):
+    """Node 1 is lost at the first hold: the survivor keeps its agent and torchrun. Then node 0,
+    the rendezvous host, at the second: the rendezvous moves and the survivor restarts its
+    command. One job for both (each loss is a node start fewer than a job of its own)."""
+    second = HOLD_AT + 6   # why: past the first resume's periodic save (every 5 steps)
+    c = clusters("losses", args=f"--hold-at {HOLD_AT} --hold-also {second} "
+                                "--hold-dir {root}/hold")
     (c.root / "hold").mkdir()
     ranks = {0: "i-0a", 1: "i-0b"}
     c.start("i-0a")
     c.start("i-0b")
     c.write_nodes(ranks, endpoint=f"127.0.0.1:{free_port()}", host_rank=0)
     wait_for(lambda: _held(c), 120, "both ranks to reach the hold")
-    lost, survivor = ranks.pop(lost_rank), ranks[1 - lost_rank]
-    survivor_pid = c.agents[survivor].pid
-    c.kill(lost)
-    (c.root / "hold" / "release").write_text("")
-    # The daemon's two writes: the loss (the host's loss moves the rendezvous to the
-    # survivor, on a new port), then the replacement once it is launched.
-    host_rank = 1 - lost_rank if lost_rank == 0 else 0
-    endpoint = f"127.0.0.1:{free_port()}" if lost_rank == 0 else _endpoint(c)
-    c.write_nodes(ranks, endpoint=endpoint, host_rank=host_rank)
-    c.start("i-0c")
-    c.write_nodes({**ranks, lost_rank: "i-0c"}, endpoint=endpoint, host_rank=host_rank)
-    for iid in (survivor, "i-0c"):
-        body = c.wait_exit(iid)
-        assert body["reason"] == "completed" and body["exit_code"] == 0, c.stderr(iid)
-    assert c.agents[survivor].pid == survivor_pid and c.agents[survivor].returncode == 0
-    assert c.report(layout.node_exit_key, lost) is None
-    return c, survivor
-
-
-def _resumed_at(out: str) -> list[int]:
-    """The steps the node's workers started from, in order."""
-    return [int(m) for m in re.findall(r"start step (\d+)", out)]
-
-
-def test_a_lost_node_is_replaced_and_the_survivor_keeps_its_agent_and_torchrun(clusters,
-                                                                              baseline):
-    c, survivor = _run_with_a_loss(clusters, lost_rank=1)
+    survivor_pid = c.agents["i-0a"].pid
+    _lose(c, ranks, 1, "i-0c", "release")
+    # Node 0 and the replacement train on together in a world of 2, to the second hold.
+    wait_for(lambda: _held_in(c, second, 0) == "2" and _held_in(c, second, 1) == "2", 120,
+             "both ranks, with the replacement, at the second hold")
     # torchrun re-ran the rendezvous itself: the survivor's agent never restarted its command.
-    assert c.report(layout.node_exit_key, survivor)["command_restarts"] == 0
+    assert c.agents["i-0a"].poll() is None and c.agents["i-0a"].pid == survivor_pid
+    assert c.report(layout.node_heartbeat_key, "i-0a")["command_restarts"] == 0
+    assert c.report(layout.node_exit_key, "i-0b") is None
     # The survivor's torchrun restarted its worker; both nodes resumed from the checkpoint
     # rank 0 found (the periodic saves of a loaded box may be deferred, so not always step 10).
-    starts = _resumed_at(c.output(survivor))
-    assert starts[0] == 0 and 0 < starts[-1] <= HOLD_AT, c.output(survivor)[-3000:]
-    assert _resumed_at(c.output("i-0c"))[-1] == starts[-1]
-    assert c.final_sha() == baseline
+    starts = wait_for(lambda: len(s := _resumed_at(c.output("i-0a"))) >= 2 and s, 30,
+                      "the survivor's log of its restarted worker")
+    assert starts[0] == 0 and 0 < starts[-1] <= HOLD_AT, c.output("i-0a")[-3000:]
+    wait_for(lambda: _resumed_at(c.output("i-0c")), 30, "the replacement's log")
+    assert _resumed_at(c.output("i-0c"))[-1] == starts[-1], c.output("i-0c")[-3000:]
 
-
-def test_a_lost_rendezvous_host_moves_the_rendezvous_and_the_survivor_restarts_its_command(
-        clusters, baseline):
-    c, survivor = _run_with_a_loss(clusters, lost_rank=0)
-    assert c.report(layout.node_exit_key, survivor)["command_restarts"] == 1
-    starts = _resumed_at(c.output(survivor))
-    assert starts[0] == 0 and 0 < starts[-1] <= HOLD_AT, c.output(survivor)[-3000:]
-    assert _resumed_at(c.output("i-0c"))[-1] == starts[-1]
-    assert c.final_sha() == baseline
+    survivor_pid = c.agents["i-0c"].pid
+    _lose(c, ranks, 0, "i-0d", f"release-{second}")
+    for iid in ("i-0c", "i-0d"):
+        body = c.wait_exit(iid)
+        assert body["reason"] == "completed" and body["exit_code"] == 0, c.stderr(iid)
+    # The rendezvous moved: the survivor's agent restarted its command, once.
+    assert c.agents["i-0c"].pid == survivor_pid and c.agents["i-0c"].returncode == 0
+    assert c.report(layout.node_exit_key, "i-0c")["command_restarts"] == 1
+    assert c.report(layout.node_exit_key, "i-0a") is None
+    later = _resumed_at(c.output("i-0c"))
+    assert starts[-1] < later[-1] <= second, c.output("i-0c")[-3000:]
+    assert _resumed_at(c.output("i-0d"))[-1] == later[-1]
+    assert c.final_sha() == uninterrupted()
 
 
 def _held_in(c: Cluster, step: int, rank: int) -> str | None:
@@ -159,7 +162,8 @@ def test_an_elastic_job_trains_on_the_survivor_alone_and_grows_back_when_the_rep
     assert worlds[0] == "2" and "1" in worlds and worlds[-1] == "2", worlds
 
 
-def test_a_notice_on_one_node_checkpoints_every_rank_of_the_job_at_one_step(clusters, baseline):
+def test_a_notice_on_one_node_checkpoints_every_rank_of_the_job_at_one_step(clusters,
+                                                                          uninterrupted):
     c = clusters("notice", args=f"--hold-at {HOLD_AT} --hold-dir {{root}}/hold",
                  checkpoint_keep=10)
     (c.root / "hold").mkdir()
@@ -172,10 +176,14 @@ def test_a_notice_on_one_node_checkpoints_every_rank_of_the_job_at_one_step(clus
     (c.root / "hold" / "release").write_text("")
     for iid in ("i-0a", "i-0b"):
         assert c.wait_exit(iid)["reason"] == "completed", c.stderr(iid)
+        beat = c.report(layout.node_heartbeat_key, iid)
+        assert beat and beat["instance_id"] == c.iid(iid) and beat["node_rank"] in (0, 1)
+    assert not (c.store_dir / layout.exit_key(c.job_id, 1)).exists()   # per node only
+    assert "start step 0" in c.output("i-0a") and "start step 0" in c.output("i-0b")
     # Node 1's agent saw the save in its own node's progress file: every rank saved step 13.
     notice = c.report(layout.node_notice_key, "i-0b")
     assert notice["emergency_checkpoint_step"] == HOLD_AT + 1, notice
     assert c.report(layout.node_notice_key, "i-0a") is None
     store = open_store(c.ckpt_uri)
     assert read_manifest(store, checkpoint_name(HOLD_AT + 1)).step == HOLD_AT + 1
-    assert c.final_sha() == baseline
+    assert c.final_sha() == uninterrupted()

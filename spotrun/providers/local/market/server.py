@@ -109,6 +109,9 @@ class _Handler(BaseHTTPRequestHandler):
     server: MarketHTTPServer
     # Kept-alive connections: the daemon's client sends a pass's requests on one.
     protocol_version = "HTTP/1.1"
+    # An answer goes out as two writes (headers, body): with Nagle's algorithm the body waits
+    # for the client's delayed ACK of the headers, 40 ms on every call of a kept connection.
+    disable_nagle_algorithm = True
     _raw = b""
 
     def log_message(self, format: str, *args: Any) -> None:
