@@ -13,6 +13,7 @@ from typing import Callable, Iterator
 
 import pytest
 from polling import wait_for
+from test_e2e_local import finished as e2e_finished, running_attempt as e2e_running_attempt
 
 from spotrun.checkpoints import list_complete, read_manifest
 from spotrun.store import open_store
@@ -61,29 +62,13 @@ POLL_S = 0.2
 
 
 def running_attempt(ctx, job_id: str, number: int, min_progress: int):
-    """The attempt `number` once it runs and has made min_progress steps past its start."""
-    from spotrun.db import attempts_of, session
-    from spotrun.states import AttemptState
-
-    def check():
-        with session(ctx.engine) as s:
-            for a in attempts_of(s, job_id):
-                if a.number == number and a.last_step >= a.start_step + min_progress:
-                    assert a.state is AttemptState.RUNNING, f"attempt {number} already {a.state}"
-                    return a
-        return None
-    return wait_for(check, 180, f"attempt {number} to make progress", interval_s=POLL_S)
+    """test_e2e_local's running_attempt, polled every POLL_S."""
+    return e2e_running_attempt(ctx, job_id, number, min_progress, interval_s=POLL_S)
 
 
 def finished(ctx, job_id: str):
-    """The job once it has ended."""
-    from spotrun.db import Job, session
-
-    def check():
-        with session(ctx.engine) as s:
-            job = s.get(Job, job_id)
-            return job if job.state.is_terminal() else None
-    return wait_for(check, 240, "the job to finish", interval_s=POLL_S)
+    """test_e2e_local's finished, polled every POLL_S."""
+    return e2e_finished(ctx, job_id, interval_s=POLL_S)
 
 
 def clean_env(**extra: str) -> dict[str, str]:

@@ -78,7 +78,8 @@ def _sha(text: str) -> str:
     return final_sha(text)
 
 
-def running_attempt(ctx, job_id: str, number: int, min_progress: int):
+def running_attempt(ctx, job_id: str, number: int, min_progress: int,
+                    interval_s: float = 0.02):
     """The attempt `number` once it runs and has made min_progress steps past its start."""
     def check():
         with session(ctx.engine) as s:
@@ -87,15 +88,15 @@ def running_attempt(ctx, job_id: str, number: int, min_progress: int):
                     assert a.state is AttemptState.RUNNING, f"attempt {number} already {a.state}"
                     return a
         return None
-    return wait_for(check, 180, f"attempt {number} to make progress")
+    return wait_for(check, 180, f"attempt {number} to make progress", interval_s=interval_s)
 
 
-def finished(ctx, job_id: str) -> Job:
+def finished(ctx, job_id: str, interval_s: float = 0.02) -> Job:
     def check():
         with session(ctx.engine) as s:
             job = s.get(Job, job_id)
             return job if job.state.is_terminal() else None
-    return wait_for(check, 240, "the job to finish")
+    return wait_for(check, 240, "the job to finish", interval_s=interval_s)
 
 
 def job_log(ctx, job: Job) -> str:
