@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import re
 import tomllib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -115,6 +115,9 @@ class AwsSettings:
     spot_advisor_max_age_s: Num = 86400.0   # refetch the cached advisor file after this
     placement_scores: Bool = True             # ask ec2 get_spot_placement_scores per type
     fis_role_arn: Str = ""                    # FIS role for `spotrun interrupt`; "" = spotrun-fis
+    # With several clouds (`providers`): AWS's store (s3://bucket/prefix), where a job's
+    # checkpoint lives while it runs on AWS; "" = the top-level store_uri (docs/clouds.md).
+    store_uri: Str = ""
 
 
 @dataclass(frozen=True)
@@ -139,6 +142,9 @@ class GcpSettings:
     external_ip: Bool = True               # False: no public address (needs Cloud NAT for pip)
     capacity_cooldown_s: Num = 600.0       # skip a pool this long after a capacity error
     operation_timeout_s: Num = 120.0       # longest wait for one zone operation
+    # With several clouds (`providers`): GCP's store (gs://bucket/prefix), where a job's
+    # checkpoint lives while it runs on GCP; "" = the top-level store_uri (docs/clouds.md).
+    store_uri: Str = ""
 
 
 @dataclass(frozen=True)
@@ -268,6 +274,9 @@ class Settings:
     db_url: Str = ""                 # any SQLAlchemy URL; "" = sqlite under home
     store_uri: Str = ""              # file:///abs/path or s3://bucket/prefix; "" = home/store
     provider: Str = "local"          # key of spotrun.providers.PROVIDERS
+    # Several clouds in one daemon (docs/clouds.md): every decision ranks the candidates of
+    # all of them together; () = `provider` alone. `local` simulates one market: alone only.
+    providers: StrList = ()
     db_busy_timeout_s: Num = 10.0  # longest wait for a database lock (open, read, write)
     region: Str = "us-east-1"
     local: LocalMarketSettings = field(default_factory=LocalMarketSettings)
@@ -278,6 +287,11 @@ class Settings:
     notify: NotifySettings = field(default_factory=NotifySettings)
     budgets: BudgetsSettings = field(default_factory=BudgetsSettings)  # docs/budgets.md
     server: ServerSettings = field(default_factory=ServerSettings)     # docs/server.md
+
+    @property
+    def clouds(self) -> tuple[str, ...]:
+        """The providers this daemon places jobs on, in the order settings name them."""
+        return self.providers or (self.provider,)
 
     @property
     def home_path(self) -> Path:
@@ -318,15 +332,37 @@ def load_settings(home: str | None = None, overrides: dict[str, Any] | None = No
         _set_dotted(raw, key, value)
     settings = validate(Settings, raw, ConfigError)
     _check_provider(settings.provider)
+    _check_providers(settings.providers)
+    if settings.providers:
+        if "provider" in raw and raw["provider"] not in settings.providers:
+            raise ConfigError(f"`provider` must be one of `providers` "
+                              f"({', '.join(settings.providers)}) when both are set",
+                              field="provider", value=raw["provider"],
+                              hint="drop `provider`: `providers` names every cloud in use")
+        # The first cloud named is the home one: the default store's, and what a verb that
+        # reads one provider (doctor's first table, the orphan sweep's clock) starts from.
+        settings = replace(settings, provider=raw.get("provider") or settings.providers[0])
     return settings
 
 
-def _check_provider(name: str) -> None:
+def _check_provider(name: str, key: str = "provider") -> None:
     # Checked with the settings, before any verb opens the database or starts a market:
     # bad input writes nothing.
     if name not in PROVIDERS:
         raise ConfigError(f"unknown provider; allowed: {', '.join(PROVIDERS)}",
-                          field="provider", value=name)
+                          field=key, value=name)
+
+
+def _check_providers(names: tuple[str, ...]) -> None:
+    for name in names:
+        _check_provider(name, "providers")
+    if len(set(names)) != len(names):
+        raise ConfigError("a provider is listed twice; allowed: each once", field="providers",
+                          value=list(names))
+    if "local" in names and len(names) > 1:
+        raise ConfigError("`local` simulates one market and runs alone; allowed: clouds "
+                          "together (aws, gcp) or local alone", field="providers",
+                          value=list(names))
 
 
 def _set_dotted(raw: dict[str, Any], key: str, value: Any) -> None:

@@ -20,7 +20,9 @@ from spotrun.daemon.nodes import is_multi, members_of
 from spotrun.bundle import drop_bundle, upload_bundle
 from spotrun.interrupts import DEFAULT_NOTICE_S, Interrupted, check_notice_s
 from spotrun.providers import make_provider
-from spotrun.providers.facts import catalog_for, facts_for
+from spotrun.clouds import (catalogs_of, cloud_settings, job_clouds, spec_catalog_label,
+                            spec_types, spec_zones)
+from spotrun.providers.facts import facts_for
 from spotrun.config import Settings
 from spotrun.db import Attempt, Job, add_event, attempts_of, find_job, new_job_id, nodes_of, \
     session, utcnow
@@ -30,7 +32,7 @@ from spotrun.ledger.budget import raise_budget
 from spotrun.spec import JobSpec, load_spec_file, parse_spec_bytes
 from spotrun.states import JobState, move_job
 from spotrun.store import ProgressFn, open_store
-from spotrun.zones import catalog_label, known_zones
+from spotrun.zones import known_zones
 
 
 @dataclass(frozen=True)
@@ -56,11 +58,9 @@ def validate_submission(path: str | Path, settings: Settings, *,
     (`--owner`, where `[budgets] allow_owner_override` allows one; writes nothing; history:
     the pool history to check against, default the state database's)."""
     owner = submit_owner(settings, owner)
-    catalog = catalog_for(settings)
-    zones = known_zones(settings)
-    spec = load_spec_file(path, instance_types=catalog.names(), zones=zones,
-                          catalog=catalog_label(settings))
-    return submission_of(spec, settings, owner, catalog, zones, history=history)
+    spec = load_spec_file(path, instance_types=spec_types(settings), zones=spec_zones(settings),
+                          catalog=spec_catalog_label(settings), clouds=settings.clouds)
+    return submission_of(spec, settings, owner, history=history)
 
 
 def validate_spec_bytes(data: bytes, label: str, settings: Settings, *, owner: str,
@@ -68,17 +68,16 @@ def validate_spec_bytes(data: bytes, label: str, settings: Settings, *, owner: s
     """validate_submission for a spec sent to the team server: owner already decided (the
     authenticated user), workdir the server's extracted copy of the uploaded bundle, history
     the server's shared pool history."""
-    catalog = catalog_for(settings)
-    zones = known_zones(settings)
-    spec = parse_spec_bytes(data, label, base_dir=base_dir, instance_types=catalog.names(),
-                            zones=zones, catalog=catalog_label(settings), workdir=workdir)
-    return submission_of(spec, settings, owner, catalog, zones, history=history)
+    spec = parse_spec_bytes(data, label, base_dir=base_dir, instance_types=spec_types(settings),
+                            zones=spec_zones(settings), catalog=spec_catalog_label(settings),
+                            workdir=workdir, clouds=settings.clouds)
+    return submission_of(spec, settings, owner, history=history)
 
 
-def submission_of(spec: JobSpec, settings: Settings, owner: str, catalog: Any,
-                  zones: list[str], *, history: Any = None) -> Submission:
+def submission_of(spec: JobSpec, settings: Settings, owner: str, *,
+                  history: Any = None) -> Submission:
     """A validated spec's Submission: refusals and warnings, a fresh id, where it lives."""
-    warnings = refuse_never_runs(spec, settings, catalog, zones, history=history)
+    warnings = refuse_never_runs(spec, settings, history=history)
     job_id = new_job_id(spec.name)
     store_uri = settings.store_url
     if spec.checkpoint.uri:
@@ -90,16 +89,39 @@ def submission_of(spec: JobSpec, settings: Settings, owner: str, catalog: Any,
                       warnings=tuple(warnings), owner=owner, settings=settings)
 
 
-def refuse_never_runs(spec: JobSpec, settings: Settings, catalog: Any,
-                      zones: list[str], *, history: Any = None) -> list[str]:
-    """Raise the refusal (exit 2) for a job no type, zone and market can ever run; else warnings.
+def refuse_never_runs(spec: JobSpec, settings: Settings, *, history: Any = None) -> list[str]:
+    """Raise the refusal (exit 2) for a job no type, zone and market of any cloud it may use
+    can ever run; else warnings. With several clouds, one that can run it is enough.
 
     The catalog's prices suffice: what can never run does not depend on prices.
     """
     # lazy: start-up cost (the decision imports numpy; `status` imports this module)
+    from spotrun.decide.clouds import spec_in_cloud
     from spotrun.decide.from_settings import decide_for_cli, offline_market
-    return decide_for_cli(spec, settings, catalog, offline_market(settings, catalog, zones),
-                          history=history).warnings
+    catalogs = catalogs_of(settings)
+    warnings: list[str] = []
+    refusals: list[SpotrunError] = []
+    for cloud in job_clouds(settings, spec.resources.clouds):
+        view = cloud_settings(settings, cloud)
+        zones = known_zones(view)
+        cut, why = spec_in_cloud(spec, catalogs[cloud], zones, catalogs)
+        if cut is None:
+            refusals.append(SpotrunError(f"{cloud}: {why}", field="resources.clouds",
+                                         value=cloud))
+            continue
+        try:
+            got = decide_for_cli(cut.spec, view, catalogs[cloud],
+                                 offline_market(view, catalogs[cloud], zones),
+                                 history=history).warnings
+        except BadInputError:
+            raise
+        except SpotrunError as exc:
+            refusals.append(exc)
+            continue
+        warnings += got if len(settings.clouds) == 1 else [f"{cloud}: {w}" for w in got]
+    if len(refusals) == len(job_clouds(settings, spec.resources.clouds)):
+        raise refusals[0]
+    return warnings
 
 
 def submit(sub: Submission, engine: Engine, progress: ProgressFn | None = None,

@@ -70,6 +70,8 @@ _CATALOG_TYPE = _known("types", _not_in_catalog)
 _ZONE = _known("zones", lambda v, zones, _: (
     f"unknown zone {v!r}; allowed: {', '.join(sorted(zones))}"))
 _REFERENCE = _known("types", _not_in_catalog)
+_CLOUD = _known("clouds", lambda v, clouds, _: (
+    f"cloud {v!r} is not configured here; allowed: {', '.join(clouds)} (settings `providers`)"))
 
 
 def _workdir(value: str, info: ValidationInfo) -> str:
@@ -144,6 +146,7 @@ Secrets = Annotated[
 InstanceTypes = Annotated[tuple[Annotated[str, _CATALOG_TYPE], ...],
                           BeforeValidator(_str_list)]
 Zones = Annotated[tuple[Annotated[str, _ZONE], ...], BeforeValidator(_str_list)]
+Clouds = Annotated[tuple[Annotated[str, Strict(), _CLOUD], ...], BeforeValidator(_str_list)]
 Outputs = Annotated[tuple[Annotated[str, AfterValidator(_relative)], ...],
                     BeforeValidator(_str_list)]
 # What Lightning writes by default (logs, ModelCheckpoint's files); integrations register more.
@@ -259,6 +262,7 @@ class Resources:
     gpu_memory_gb: Positive | None = None
     instance_types: InstanceTypes = ()
     zones: Zones = ()
+    clouds: Clouds = ()             # the providers it may run on; () = every one configured
     gpus_max: Count | None = None   # a range "MIN-MAX": the plan picks the count per type
     nodes_min: Count | None = None  # elastic "MIN-MAX": nodes is MAX (launched), MIN keeps running
 
@@ -375,6 +379,8 @@ class JobSpec:
             out.pop("persist", None)   # the default: stored specs keep their older form
         if out.get("project") == "default":
             out.pop("project")         # likewise
+        if not (out.get("resources") or {}).get("clouds", True):
+            out["resources"].pop("clouds")   # likewise: every cloud configured
         return out
 
 
@@ -395,7 +401,8 @@ def spec_from_dict(d: dict[str, Any]) -> JobSpec:
 # ---------------------------------------------------------------- loading
 
 def load_spec_file(path: str | Path, *, instance_types: Iterable[str], zones: Iterable[str],
-                   now: datetime | None = None, catalog: str = "") -> JobSpec:
+                   now: datetime | None = None, catalog: str = "",
+                   clouds: Iterable[str] = ()) -> JobSpec:
     """Read and validate a YAML job spec file (catalog: how errors name the types' catalog)."""
     p = Path(path)
     try:
@@ -404,7 +411,7 @@ def load_spec_file(path: str | Path, *, instance_types: Iterable[str], zones: It
         raise SpecError(f"cannot read {p}: {exc.strerror}", field="file", value=str(p)) from None
     return parse_spec_bytes(data, str(p), base_dir=p.resolve().parent,
                             instance_types=instance_types, zones=zones, now=now,
-                            catalog=catalog)
+                            catalog=catalog, clouds=clouds)
 
 
 def read_spec_yaml(data: bytes, label: str) -> Any:
@@ -423,22 +430,24 @@ def read_spec_yaml(data: bytes, label: str) -> Any:
 
 def parse_spec_bytes(data: bytes, label: str, *, base_dir: Path, instance_types: Iterable[str],
                      zones: Iterable[str], now: datetime | None = None, catalog: str = "",
-                     workdir: str | None = None) -> JobSpec:
+                     workdir: str | None = None, clouds: Iterable[str] = ()) -> JobSpec:
     """Validate a spec file's bytes; workdir, when given, stands in for the spec's own
     (the team server's copy of the uploaded bundle)."""
     raw = read_spec_yaml(data, label)
     if workdir is not None and isinstance(raw, dict) and raw.get("workdir") is not None:
         raw = {**raw, "workdir": workdir}
     return parse_spec(raw, base_dir=base_dir, instance_types=instance_types, zones=zones,
-                      now=now, catalog=catalog)
+                      now=now, catalog=catalog, clouds=clouds)
 
 
 def parse_spec(raw: Any, *, base_dir: Path, instance_types: Iterable[str], zones: Iterable[str],
-               now: datetime | None = None, catalog: str = "") -> JobSpec:
+               now: datetime | None = None, catalog: str = "", clouds: Iterable[str] = ()
+               ) -> JobSpec:
     """Validate a decoded spec mapping; raises SpecError naming the field.
 
     catalog: how an unknown type's error names the catalog instance_types come from
-    (e.g. "the gcp provider's catalog (gcp.yaml)"); "" says "the catalog".
+    (e.g. "the gcp provider's catalog (gcp.yaml)"); "" says "the catalog". clouds: the
+    providers configured (resources.clouds must name only these); () checks nothing.
     """
     if raw is None:
         raise SpecError("the file is empty; allowed: a mapping with name and command",
@@ -447,5 +456,6 @@ def parse_spec(raw: Any, *, base_dir: Path, instance_types: Iterable[str], zones
         raise SpecError(f"must be a mapping, got {type(raw).__name__}", field="spec")
     # Types keep the catalog's order (an error names a few, the smallest of each family).
     context = {"base_dir": base_dir, "types": dict.fromkeys(instance_types), "zones": set(zones),
-               "now": now or datetime.now(timezone.utc), "catalog": catalog}
+               "now": now or datetime.now(timezone.utc), "catalog": catalog,
+               "clouds": tuple(clouds) or None}
     return validate(JobSpec, raw, SpecError, context=context, redact=("secrets",))

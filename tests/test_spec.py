@@ -299,7 +299,7 @@ def test_stored_spec_skips_submit_time_checks():
 
 
 @pytest.mark.parametrize("path,value,field,says", [
-    ("resources.gpus_max", 8, "resources.gpus_max", "allowed here: gpu_memory_gb, gpus"),
+    ("resources.gpus_max", 8, "resources.gpus_max", "allowed here: clouds, gpu_memory_gb, gpus"),
     ("work.scaling", {1: 1.0, 8: -2}, "work.scaling", "speedup > 0"),
     ("work.scaling", [[1, 1.0]], "work.scaling", "a mapping"),
     ("resources.instance_types", ["p3.2xlarge", 3], "resources.instance_types",

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from spotrun.clouds import check_clouds
 from spotrun.config import Settings, load_settings
 from spotrun.contracts import json_default
 from spotrun.db import open_state_db  # noqa: F401 (the verbs' way in)
@@ -16,8 +17,11 @@ if TYPE_CHECKING:
 
 
 def get_settings() -> Settings:
-    """Settings for this invocation ($SPOTRUN_HOME, spotrun.toml)."""
-    return load_settings()
+    """Settings for this invocation ($SPOTRUN_HOME, spotrun.toml); several clouds checked
+    for what they need together (each its store, no zone in two)."""
+    settings = load_settings()
+    check_clouds(settings)
+    return settings
 
 
 def echo_json(data: Any) -> None:

@@ -6,7 +6,6 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from spotrun.providers.facts import catalog_for
 from spotrun.backends import remote_wanted
 from spotrun.cli.common import echo_json, get_settings, json_option, local_only
 from spotrun.planning.market_view import MarketView
@@ -15,7 +14,10 @@ from spotrun.cli.tables import Column, print_table
 from spotrun.decide import Candidate, Placement
 from spotrun.errors import BadInputError
 from spotrun.states import Market
-from spotrun.zones import catalog_label, known_zones
+from spotrun.clouds import spec_zones
+from spotrun.config import Settings
+from spotrun.decide.clouds import NOWHERE, CheckpointAt
+from spotrun.planning.across_clouds import checkpoint_at
 
 # Priority 0 is always shown; at a narrow width the highest numbers go first.
 COLUMNS = [
@@ -25,6 +27,10 @@ COLUMNS = [
     Column("progress", "progress", 4, "right"), Column("ref", "$/ref-h", 1, "right"),
     Column("hours", "exp. h", 3, "right"), Column("usd", "exp. $", 1, "right"),
     Column("reclaims", "reclaims/h", 6, "right"), Column("ckpt", "ckpt", 7, "right")]
+# With several clouds (or a move priced with --resume-from): each row's cloud, the egress
+# of moving the checkpoint there and the copy's time before its first step.
+CLOUD_COLUMNS = [Column("cloud", "cloud", 1), Column("egress", "egress $", 2, "right"),
+                 Column("copy", "copy", 3, "right")]
 
 
 @click.command(name="plan")
@@ -42,8 +48,15 @@ COLUMNS = [
 @click.option("--top", type=click.IntRange(min=0), default=20, show_default=True,
               help="Table rows to show (0 = all); --json always carries every candidate.")
 @click.option("--wide", is_flag=True, help="Show every column, however wide the terminal.")
+@click.option("--resume-from", "resume_from", metavar="CLOUD", default=None,
+              help="Plan a resumed attempt whose checkpoint is in CLOUD (one of `providers`): "
+                   "a candidate in another cloud pays the checkpoint's egress and waits for "
+                   "its copy (needs --checkpoint-gb).")
+@click.option("--checkpoint-gb", "checkpoint_gb", type=click.FloatRange(min=0, min_open=True),
+              default=None, metavar="GB", help="The resume checkpoint's size, GB (10^9 bytes).")
 def plan(spec_files: tuple[str, ...], as_json: bool, zones_opt: tuple[str, ...], offline: bool,
-         live: bool, top: int, wide: bool) -> None:
+         live: bool, top: int, wide: bool, resume_from: str | None,
+         checkpoint_gb: float | None) -> None:
     """Rank instance candidates for each job by modelled cost per unit of progress.
 
     The same decision, on the same market, as `submit --dry-run` and the daemon: on the
@@ -63,15 +76,13 @@ def plan(spec_files: tuple[str, ...], as_json: bool, zones_opt: tuple[str, ...],
                     wide=wide)
         return
     settings = get_settings()
-    catalog = catalog_for(settings)
-    label = catalog_label(settings)
+    at = resume_point_of(settings, resume_from, checkpoint_gb)
     several = len(spec_files) > 1
-    known = known_zones(settings)
-    zones_wanted(zones_opt, known)
+    zones_wanted(zones_opt, spec_zones(settings))
     # Every spec is read before any is decided: a bad one anywhere prints nothing.
-    specs = [(path, load_named(path, catalog, label, known, several))
-             for path in spec_files]
-    planned = plan_specs(settings, specs, zones_opt, offline)
+    specs = [(path, load_named(path, settings, several)) for path in spec_files]
+    planned = plan_specs(settings, specs, zones_opt, offline, at=at)
+    clouds = len(settings.clouds) > 1 or at.cloud is not None
     if as_json:
         out = plan_json(planned)
         echo_json(out[0] if len(out) == 1 else out)
@@ -81,11 +92,32 @@ def plan(spec_files: tuple[str, ...], as_json: bool, zones_opt: tuple[str, ...],
         if i:
             console.print()
         _print(console, placed, spec.name, view, top=top, wide=wide,
-               total_steps=spec.work.total_steps, path=path if len(planned) > 1 else None)
+               total_steps=spec.work.total_steps, path=path if len(planned) > 1 else None,
+               clouds=clouds)
+
+
+def resume_point_of(settings: Settings, cloud: str | None, gb: float | None) -> CheckpointAt:
+    """--resume-from / --checkpoint-gb as the checkpoint a decision moves (both or neither)."""
+    if (cloud is None) != (gb is None):
+        raise BadInputError("--resume-from and --checkpoint-gb go together",
+                            field="--resume-from" if cloud is None else "--checkpoint-gb",
+                            hint="e.g. --resume-from aws --checkpoint-gb 40")
+    if cloud is None or gb is None:
+        return NOWHERE
+    if cloud not in settings.clouds:
+        raise BadInputError(f"not a configured cloud; allowed: {', '.join(settings.clouds)}",
+                            field="--resume-from", value=cloud)
+    return checkpoint_at(settings, cloud, int(gb * 1e9))
 
 
 def _fmt(x: float | None, spec: str) -> str:
     return "-" if x is None else format(x, spec)
+
+
+def _copy_text(seconds: float) -> str:
+    if seconds <= 0:
+        return "-"
+    return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.0f} min"
 
 
 def _row(c: Candidate, rank: str) -> dict[str, str]:
@@ -99,7 +131,9 @@ def _row(c: Candidate, rank: str) -> dict[str, str]:
             "progress": _fmt(c.progress_fraction, ".1%"),
             "ref": _fmt(c.usd_per_reference_hour, ".3f"), "hours": _fmt(c.expected_hours, ".1f"),
             "usd": _fmt(c.expected_usd, ",.2f"), "reclaims": _fmt(c.reclaims_per_hour, ".2f"),
-            "ckpt": f"{c.checkpoint_interval_s / 60:.0f} min"}
+            "ckpt": f"{c.checkpoint_interval_s / 60:.0f} min", "cloud": c.cloud or "-",
+            "egress": f"{c.egress_usd:,.2f}" if c.egress_usd else "-",
+            "copy": _copy_text(c.transfer_s)}
 
 
 def _work_text(work_reference_hours: float | None, total_steps: int | None) -> str:
@@ -113,7 +147,8 @@ def _work_text(work_reference_hours: float | None, total_steps: int | None) -> s
 
 
 def _print(console: Console, placed: Placement, name: str, view: MarketView, *, top: int,
-           wide: bool, total_steps: int | None = None, path: str | None = None) -> None:
+           wide: bool, total_steps: int | None = None, path: str | None = None,
+           clouds: bool = False) -> None:
     r = placed.ranking
     multi = r.candidates[0].nodes if r.candidates else 1
     what = _work_text(r.work_reference_hours, total_steps)
@@ -131,7 +166,9 @@ def _print(console: Console, placed: Placement, name: str, view: MarketView, *, 
         launch = i <= len(placed.candidates)
         rows.append(_row(c, str(i) if launch else f"({i})"))
         styles.append(None if launch and not c.misses_deadline else "dim")
-    print_table(console, None, COLUMNS, rows, wide=wide, row_styles=styles,
+    columns = COLUMNS[:3] + CLOUD_COLUMNS[:1] + COLUMNS[3:] + CLOUD_COLUMNS[1:] if clouds \
+        else COLUMNS
+    print_table(console, None, columns, rows, wide=wide, row_styles=styles,
                 sections_after=(0,) if r.reference is not None else ())
     console.print("GPUs = used/on the node (the whole node is paid); ( ) = not launched now; "
                   "exp. = expected for the remaining work", highlight=False)

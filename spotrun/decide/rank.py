@@ -60,6 +60,12 @@ class Candidate:
     loss_per_reclaim_s: float = 0.0   # expected work lost per reclaim (seconds)
     loss_honoured_s: float = 0.0   # lost per reclaim when the notice is honoured
     notice_detail: str = ""        # why no notice is usable here, when none is
+    cloud: str = ""                # the provider whose pool this is (several clouds)
+    # The move of the resume checkpoint from another cloud before this attempt's first step
+    # (decide/clouds.py): egress billed, wall seconds of copying. Both in expected_usd and
+    # expected_hours, and its share in usd_per_reference_hour; 0 inside the checkpoint's cloud.
+    egress_usd: float = 0.0
+    transfer_s: float = 0.0
 
     @property
     def reclaims_per_hour(self) -> float:
@@ -90,7 +96,9 @@ class Candidate:
                 "notice_usable": r(self.notice_usable, 4),
                 "loss_per_reclaim_s": r(self.loss_per_reclaim_s, 1),
                 "notice_detail": self.notice_detail,
-                "misses_deadline": self.misses_deadline, "efa": self.efa}
+                "misses_deadline": self.misses_deadline, "efa": self.efa,
+                "cloud": self.cloud, "egress_usd": r(self.egress_usd, 4),
+                "transfer_s": r(self.transfer_s, 1)}
 
 
 @dataclass(frozen=True)
@@ -133,7 +141,7 @@ def rank(spec: JobSpec, *, catalog: Catalog, market: MarketSnapshot, history: Hi
     """
     notice = notice or GENERIC_NOTICE
     priors = priors or priors_from_catalog(catalog)
-    scaling = _spec_scaling(spec) or default_scaling(catalog)
+    scaling = spec_scaling(spec) or default_scaling(catalog)
     zone_list = [z for z in (spec.resources.zones or market.zones)]
     nodes = spec.resources.nodes
     job = history.job_stats(job_id) if job_id else JobStats()
@@ -203,7 +211,7 @@ def rank(spec: JobSpec, *, catalog: Catalog, market: MarketSnapshot, history: Hi
                     c = _candidate(t, z, m, price, speedup, g, spec, priors, risk,
                                    pools.get((name, z)), per_type_restart.get(name), work_h,
                                    nodes, job, hours_left, loss_in, time_scale=time_scale)
-                    if best is None or _rank_key(c) < _rank_key(best):
+                    if best is None or rank_key(c) < rank_key(best):
                         best = c
                 assert best is not None
                 c = best
@@ -239,7 +247,7 @@ def rank(spec: JobSpec, *, catalog: Catalog, market: MarketSnapshot, history: Hi
         if is_candidate and not reasons and not any(c.instance_type == name for c in out):
             rejected.append(Rejection(name, "no zone to run in", NEVER))
 
-    out.sort(key=_rank_key)
+    out.sort(key=rank_key)
     reference = _reference(od_rows, ref_name, set(usable))
     notes = [] if ref_name in usable else [
         f"reference {ref_name} cannot run this job; it is the speed unit only"]
@@ -269,8 +277,8 @@ def _no_progress(c: Candidate) -> str | None:
     return f"{c.zone} reclaims every {job_mtbf_h:.2f} h, each losing {lost}: {NO_PROGRESS}"
 
 
-def _rank_key(c: Candidate) -> tuple[Any, ...]:
-    # Cheapest progress first; among equals the faster one; a deadline miss goes last.
+def rank_key(c: Candidate) -> tuple[Any, ...]:
+    """Cheapest progress first; among equals the faster one; a deadline miss goes last."""
     return (c.misses_deadline, c.usd_per_reference_hour, -(c.speedup * c.progress_fraction),
             c.instance_type, c.zone, c.market.value, -c.gpus)
 
@@ -280,7 +288,7 @@ def _reference(od_rows: dict[str, Candidate], ref_name: str, usable: set[str]) -
     if ref_name in od_rows and ref_name in usable:
         return od_rows[ref_name]
     rows = [c for n, c in od_rows.items() if n in usable]
-    return min(rows, key=_rank_key) if rows else None
+    return min(rows, key=rank_key) if rows else None
 
 
 def _gpu_counts(t: InstanceType, spec: JobSpec, nodes: int) -> tuple[list[int], str | None]:
@@ -447,6 +455,7 @@ def _reference_step_s(spec: JobSpec, sps_ref: float | None) -> float | None:
     return None
 
 
-def _spec_scaling(spec: JobSpec) -> ScalingCurve | None:
+def spec_scaling(spec: JobSpec) -> ScalingCurve | None:
+    """The spec's own scaling curve (work.scaling), or None for the catalog's default."""
     raw = spec.work.scaling
     return ScalingCurve.from_mapping(dict(raw)) if raw else None

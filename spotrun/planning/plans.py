@@ -6,30 +6,31 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from spotrun.agent.contract import AttemptPlan, first_ranks, launch_request
-from spotrun.catalog import Catalog
 from spotrun.config import Settings
 from spotrun.decide import Candidate, Placement
+from spotrun.decide.clouds import NOWHERE, CheckpointAt
 from spotrun.errors import BadInputError, SpotrunError
 from spotrun.jobs import Submission
-from spotrun.planning.market_view import MarketView, decide_on_market
+from spotrun.planning.across_clouds import decide_across
+from spotrun.planning.market_view import MarketView
 from spotrun.providers.base import LaunchRequest, Pool
-from spotrun.providers.facts import catalog_for
+from spotrun.clouds import cloud_settings, spec_catalog_label, spec_types, spec_zones
 from spotrun.spec import JobSpec, load_spec_file
-from spotrun.zones import known_zones
 
 Planned = tuple[str, JobSpec, MarketView, Placement]
 
 
 def plan_specs(settings: Settings, specs: list[tuple[str, JobSpec]],
-               zones_opt: tuple[str, ...] | list[str], offline: bool) -> list[Planned]:
-    """Decide every (file, spec) on the market (also the team server's `POST /plan`)."""
-    catalog = catalog_for(settings)
-    wanted = zones_wanted(tuple(zones_opt), known_zones(settings))
+               zones_opt: tuple[str, ...] | list[str], offline: bool,
+               at: CheckpointAt = NOWHERE) -> list[Planned]:
+    """Decide every (file, spec) on the market (also the team server's `POST /plan`); at:
+    a resume checkpoint whose move each candidate in another cloud pays."""
+    wanted = zones_wanted(tuple(zones_opt), spec_zones(settings))
     several = len(specs) > 1
     planned: list[Planned] = []
     for path, spec in specs:
-        view, placed = _decide(path, spec, settings, catalog,
-                               wanted or list(spec.resources.zones) or None, offline, several)
+        view, placed = _decide(path, spec, settings,
+                               wanted or list(spec.resources.zones) or None, offline, several, at)
         planned.append((path, spec, view, placed))
     return planned
 
@@ -40,18 +41,21 @@ def plan_json(planned: list[Planned]) -> list[dict]:
             for path, _, view, placed in planned]
 
 
-def load_named(path: str, catalog: Catalog, label: str, known: list[str], several: bool) -> JobSpec:
+def load_named(path: str, settings: Settings, several: bool) -> JobSpec:
+    """A spec file read for plan (every configured cloud's types and zones); an error names
+    the file when there are several."""
     try:
-        return load_spec_file(path, instance_types=catalog.names(), zones=known, catalog=label)
+        return load_spec_file(path, instance_types=spec_types(settings),
+                              zones=spec_zones(settings), catalog=spec_catalog_label(settings),
+                              clouds=settings.clouds)
     except SpotrunError as exc:
         raise naming(exc, path, several) from exc
 
 
-def _decide(path: str, spec: JobSpec, settings: Settings, catalog: Catalog,
-            zones: list[str] | None, offline: bool, several: bool
-            ) -> tuple[MarketView, Placement]:
+def _decide(path: str, spec: JobSpec, settings: Settings, zones: list[str] | None,
+            offline: bool, several: bool, at: CheckpointAt) -> tuple[MarketView, Placement]:
     try:
-        return decide_on_market(spec, settings, catalog, zones, offline=offline)
+        return decide_across(spec, settings, zones, offline=offline, at=at)
     except SpotrunError as exc:
         raise naming(exc, path, several) from exc
 
@@ -77,10 +81,9 @@ def zones_wanted(zones_opt: tuple[str, ...], known: list[str]) -> list[str]:
 
 def dry_run_plan(sub: Submission, settings: Settings) -> dict[str, Any]:
     """What the first launch would do, decided on the market the daemon will see (pure)."""
-    catalog = catalog_for(settings)
     spec = sub.spec
     # The same market plan reads (spotrun/planning/market_view.py): both pick the same pool.
-    view, placed = decide_on_market(spec, settings, catalog, list(spec.resources.zones) or None)
+    view, placed = decide_across(spec, settings, list(spec.resources.zones) or None)
     provider = view.provider
     out: dict[str, Any] = {"job_id": sub.job_id, "name": spec.name,
                            "checkpoint_uri": sub.checkpoint_uri,
@@ -88,7 +91,9 @@ def dry_run_plan(sub: Submission, settings: Settings) -> dict[str, Any]:
     first = placed.first
     if first is None or provider is None:
         return out
-    request = dry_run_request(sub, settings, first, placed.candidates)
+    # The launch is the first candidate's cloud's (its agent settings, its store).
+    request = dry_run_request(sub, cloud_settings(settings, first.cloud or settings.provider),
+                              first, placed.candidates)
     out["launch"] = provider.plan_launch(request).to_dict()
     return out
 

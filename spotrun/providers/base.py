@@ -306,6 +306,12 @@ class ProviderFacts:
     # What its provider serves beyond the protocol: the same set as the provider's `features`,
     # readable from settings alone, without making a provider.
     features: frozenset[ProviderFeature] = frozenset()
+    # The object-store scheme of this cloud ("s3", "gs"; "" for none): a checkpoint under it
+    # lives in this cloud, and leaving it is billed as this cloud's egress (issue 43).
+    store_scheme: str = ""
+    # This cloud's own store when one daemon places jobs on several clouds (settings
+    # `<provider>.store_uri`; "": the top-level store_uri, the first cloud's).
+    store_uri: Callable[[Any], str] = lambda st: ""
 
 
 class MarketTruth(Protocol):

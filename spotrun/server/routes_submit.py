@@ -180,12 +180,10 @@ class PlanBody(BaseModel):
 @router.post("/plan")
 def plan(request: Request, body: PlanBody, who: Caller = Depends(caller)) -> Any:
     """`spotrun plan --json` (always a list); any role: it writes nothing."""
+    from spotrun.clouds import spec_catalog_label, spec_types, spec_zones
     from spotrun.planning.plans import naming, plan_json, plan_specs   # lazy: numpy
-    from spotrun.providers.facts import catalog_for
     from spotrun.spec import parse_spec_bytes
-    from spotrun.zones import catalog_label, known_zones
     settings = request.app.state.settings
-    catalog = catalog_for(settings)
     several = len(body.specs) > 1
     with tempfile.TemporaryDirectory(prefix="spotrun-plan-") as tmp:
         specs = []
@@ -193,8 +191,9 @@ def plan(request: Request, body: PlanBody, who: Caller = Depends(caller)) -> Any
             try:
                 specs.append((one.spec_file, parse_spec_bytes(
                     one.spec.encode("utf-8"), one.spec_file, base_dir=Path(tmp),
-                    instance_types=catalog.names(), zones=known_zones(settings),
-                    catalog=catalog_label(settings), workdir=tmp)))
+                    instance_types=spec_types(settings), zones=spec_zones(settings),
+                    catalog=spec_catalog_label(settings), workdir=tmp,
+                    clouds=settings.clouds)))
             except SpotrunError as exc:
                 raise naming(exc, one.spec_file, several) from exc
         return plan_json(plan_specs(settings, specs, body.zones, body.offline))

@@ -76,4 +76,5 @@ FACTS = ProviderFacts(
     # the 1.6% of any row; by the row after that 9.8% (6x); then about 2x, which the pool's
     # reclaim rate (weighing that reclaim fully) carries. docs/cost-model.md, "Notice quarantine".
     notice_quarantine_s=720.0,
-    job_dir=lambda st: JOB_DIR, catalog="aws", features=AWS_FEATURES)
+    job_dir=lambda st: JOB_DIR, catalog="aws", features=AWS_FEATURES,
+    store_scheme="s3", store_uri=lambda st: st.aws.store_uri)

@@ -81,4 +81,5 @@ FACTS = ProviderFacts(
     # nothing about a shorter capacity squeeze.
     notice_quarantine_s=PREEMPTION_WINDOW_S + 600.0,
     job_dir=lambda st: JOB_DIR, catalog="gcp", price_region=lambda st: st.gcp.region,
-    instance_metadata=_instance_metadata, features=GCP_FEATURES)
+    instance_metadata=_instance_metadata, features=GCP_FEATURES,
+    store_scheme="gs", store_uri=lambda st: st.gcp.store_uri)
