@@ -18,7 +18,7 @@ from pydantic import AfterValidator, ConfigDict, Field, Strict
 
 from spotrun.contracts import fail, validate
 from spotrun.errors import ConfigError
-from spotrun.providers import PROVIDERS
+from spotrun.providers import FACTS, PROVIDERS
 
 CONFIG_FILE = "spotrun.toml"
 _STRICT = ConfigDict(extra="forbid")
@@ -339,9 +339,12 @@ def load_settings(home: str | None = None, overrides: dict[str, Any] | None = No
                               f"({', '.join(settings.providers)}) when both are set",
                               field="provider", value=raw["provider"],
                               hint="drop `provider`: `providers` names every cloud in use")
-        # The first cloud named is the home one: the default store's, and what a verb that
-        # reads one provider (doctor's first table, the orphan sweep's clock) starts from.
-        settings = replace(settings, provider=raw.get("provider") or settings.providers[0])
+        # The first cloud named is the home one: its store is the jobs' own (bundles, the
+        # first checkpoints) unless store_uri names one, and a verb that reads one provider
+        # (doctor's first table) starts from it.
+        home = raw.get("provider") or settings.providers[0]
+        settings = replace(settings, provider=home, store_uri=settings.store_uri
+                           or FACTS[home].store_uri(settings))
     return settings
 
 

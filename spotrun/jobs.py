@@ -64,20 +64,25 @@ def validate_submission(path: str | Path, settings: Settings, *,
 
 
 def validate_spec_bytes(data: bytes, label: str, settings: Settings, *, owner: str,
-                        base_dir: Path, workdir: str | None, history: Any = None) -> Submission:
+                        base_dir: Path, workdir: str | None, history: Any = None,
+                        checks: Any = None) -> Submission:
     """validate_submission for a spec sent to the team server: owner already decided (the
     authenticated user), workdir the server's extracted copy of the uploaded bundle, history
-    the server's shared pool history."""
+    the server's shared pool history, checks its spotrun.decide.memo.CheckMemo."""
     spec = parse_spec_bytes(data, label, base_dir=base_dir, instance_types=spec_types(settings),
                             zones=spec_zones(settings), catalog=spec_catalog_label(settings),
                             workdir=workdir, clouds=settings.clouds)
-    return submission_of(spec, settings, owner, history=history)
+    return submission_of(spec, settings, owner, history=history, checks=checks)
 
 
 def submission_of(spec: JobSpec, settings: Settings, owner: str, *,
-                  history: Any = None) -> Submission:
-    """A validated spec's Submission: refusals and warnings, a fresh id, where it lives."""
-    warnings = refuse_never_runs(spec, settings, history=history)
+                  history: Any = None, checks: Any = None) -> Submission:
+    """A validated spec's Submission: refusals and warnings, a fresh id, where it lives
+    (checks: a CheckMemo that alike specs' checks share, the team server's)."""
+    if checks is None:
+        warnings = refuse_never_runs(spec, settings, history=history)
+    else:
+        warnings = checks.get(spec, lambda: refuse_never_runs(spec, settings, history=history))
     job_id = new_job_id(spec.name)
     store_uri = settings.store_url
     if spec.checkpoint.uri:
@@ -276,13 +281,16 @@ def interrupt_job(settings: Settings, engine: Any, job_ref: str, *, node: int | 
     """Send the provider's interruption to the job's current instance(s) (node: that rank
     only; notice_s None: the provider's own window; provider: default settings')."""
     check_notice_s(notice_s)
-    facts = facts_for(settings)
-    if notice_s is None:
-        notice_s = facts.notice_window_s(settings) or DEFAULT_NOTICE_S
     job_id, att, ranks = current_instances(engine, job_ref)
     if not ranks:
         raise NotFoundError("the job runs on no instance now", field="job", value=job_id,
                             hint="`spotrun status JOB` shows its state")
+    # Several clouds: the provider of the cloud the attempt runs on sends the interruption.
+    if att is not None and att.cloud and att.cloud in settings.clouds:
+        settings = cloud_settings(settings, att.cloud)
+    facts = facts_for(settings)
+    if notice_s is None:
+        notice_s = facts.notice_window_s(settings) or DEFAULT_NOTICE_S
     if node is not None:
         if node not in ranks:
             raise BadInputError(f"no such running node; allowed: "

@@ -205,7 +205,7 @@ def test_prices(harness: Harness) -> None:
 # What each provider declares beyond the protocol (spotrun.providers.base.ProviderFeature).
 DECLARED = {"local": {ProviderFeature.MARKET_VIEW, ProviderFeature.DECISION_GRID,
                       ProviderFeature.RESTING_MARKET},
-            "aws": set(), "gcp": set()}
+            "aws": {ProviderFeature.CAPACITY_COOLDOWN}, "gcp": {ProviderFeature.CAPACITY_COOLDOWN}}
 
 
 def test_declares_its_features_as_its_facts_do(harness: Harness) -> None:
@@ -228,14 +228,26 @@ def test_declared_features_serve_the_market_decide_reads(harness: Harness) -> No
         assert tick_s > 0
     if ProviderFeature.RESTING_MARKET in p.features:
         assert p.resting_market([ok.instance_type]) is None      # it runs: read it live
+    if ProviderFeature.CAPACITY_COOLDOWN in p.features:
+        # A pool that refused a launch for capacity is one a decision sees without it, so
+        # the next launch goes to another pool (or cloud) instead of the same refusal.
+        assert peek_snapshot(p, [full.instance_type]).is_available(full.instance_type, full.zone)
+        with pytest.raises(CapacityError):
+            _launch(harness, full)
+        assert full.key() in p.pools_cooling()
+        later = peek_snapshot(p, [ok.instance_type, full.instance_type])
+        assert not later.is_available(full.instance_type, full.zone)
+        assert later.is_available(ok.instance_type, ok.zone)
     # decide builds its snapshot from what the provider serves, whatever it declares.
     market = peek_snapshot(p, [ok.instance_type, full.instance_type])
     assert market.source == p.snapshot_source and {ok.zone, full.zone} <= set(market.zones)
     assert market.spot_price(ok.instance_type, ok.zone) == p.spot_price(ok.instance_type,
                                                                          ok.zone)
-    # Availability is known only from a market view; otherwise every pool may be tried.
+    # Availability is known from a market view, or from a refused launch (the cooldown above);
+    # otherwise every pool may be tried.
     assert market.is_available(full.instance_type, full.zone) == (
-        ProviderFeature.MARKET_VIEW not in p.features)
+        ProviderFeature.MARKET_VIEW not in p.features
+        and ProviderFeature.CAPACITY_COOLDOWN not in p.features)
 
 
 # ---------------------------------------------------------------- multi-node (issue 16)

@@ -36,13 +36,26 @@ class AttemptPlan:
     owner: str = ""
 
     @classmethod
-    def of(cls, job: Any, attempt: Any) -> "AttemptPlan":
-        """The plan of an attempt's rows (spotrun.db Job and Attempt)."""
-        return cls(job_id=job.id, spec=spec_from_dict(job.spec), store_uri=job.store_uri,
-                   checkpoint_uri=job.checkpoint_uri, bundle_key=job.bundle_key,
+    def of(cls, job: Any, attempt: Any, store_uri: str | None = None) -> "AttemptPlan":
+        """The plan of an attempt's rows (spotrun.db Job and Attempt); store_uri: the store of
+        the attempt's cloud when it is not the job's own (several clouds: the same keys below
+        that store's root)."""
+        store = store_uri or job.store_uri
+        return cls(job_id=job.id, spec=spec_from_dict(job.spec), store_uri=store,
+                   checkpoint_uri=rehome(job.checkpoint_uri, job.store_uri, store),
+                   bundle_key=job.bundle_key,
                    attempt=attempt.number, gpus=attempt.gpus,
                    checkpoint_interval_s=attempt.checkpoint_interval_s,
                    project=job.project, owner=job.owner)
+
+
+def rehome(uri: str, old_root: str, new_root: str) -> str:
+    """A URI under old_root at the same place under new_root; a URI elsewhere (a pinned
+    checkpoint store) stays as is."""
+    root = old_root.rstrip("/")
+    if uri.rstrip("/") == root or uri.startswith(root + "/"):
+        return new_root.rstrip("/") + uri[len(root):]
+    return uri
 
 
 def build_agent_config(settings: Settings, plan: AttemptPlan) -> AgentConfig:

@@ -40,7 +40,9 @@ CAUSES = ATTEMPT_CAUSES + ("waiting_for_capacity",
                            # Multi-node jobs: the surviving nodes' paid wait while a lost node
                            # is replaced (spotrun.audit.node_lines).
                            "node_replacement",
-                           "storage", "volumes", "other")
+                           "storage", "volumes",
+                           # Checkpoints copied out of a cloud when a job moved (clouds.md).
+                           "egress", "other")
 WASTE_CAUSES = ("lost_work", "restart_overhead", "waiting_for_capacity", "checkpoint_stall",
                 "paid_idle", "node_replacement")
 
@@ -75,6 +77,7 @@ class AttemptAudit:
     notice_outcome: str | None = None             # what the notice achieved, as the agent said
     time_to_resume: dict | None = None            # the reclaim before it -> its first new step
     trained_until: datetime | None = None         # its command's end (exit report), if known
+    cloud: str | None = None                      # the provider it ran on (None: not recorded)
 
     def to_dict(self) -> dict:
         """The JSON view of one attempt (times on the provider clock: `*_market`)."""
@@ -114,6 +117,7 @@ class JobAudit:
     on_demand_usd: float = 0.0
     volume_usd: float = 0.0
     storage_usd: float = 0.0
+    egress_usd: float = 0.0          # checkpoints copied out of a cloud (docs/clouds.md)
     other_usd: float = 0.0
     actual_usd: float = 0.0
     baseline_on_demand_usd: float = 0.0
@@ -148,7 +152,8 @@ class JobAudit:
             "project": self.project, "owner": self.owner,
             "actual_usd": self.actual_usd, "spot_usd": self.spot_usd,
             "on_demand_usd": self.on_demand_usd, "volume_usd": self.volume_usd,
-            "storage_usd": self.storage_usd, "other_usd": self.other_usd,
+            "storage_usd": self.storage_usd, "egress_usd": self.egress_usd,
+            "other_usd": self.other_usd,
             "baseline_on_demand_usd": self.baseline_on_demand_usd,
             "baseline_reference_usd": self.baseline_reference_usd,
             "reference_instance": self.reference_instance,
@@ -272,6 +277,7 @@ def audit_job(s: Session, job: Job, *, since: datetime | None = None,
         r.usd for r in ledger if r.attempt_id is None and r.kind in SpendKind.instance_kinds())
     out.causes["storage"] = WasteLine(None, out.storage_usd)   # GB-months, not hours
     out.causes["volumes"] = WasteLine(None, out.volume_usd)
+    out.causes["egress"] = WasteLine(None, out.egress_usd)      # bytes moved between clouds
     out.causes["other"] = WasteLine(None, out.other_usd + loose)
     _reference(out, job, od_price)
     out.saved_usd = out.baseline_on_demand_usd - out.actual_usd
@@ -298,6 +304,8 @@ def _actuals(out: JobAudit, rows: list[SpendEntry]) -> None:
             out.volume_usd += r.usd
         elif r.kind in (SpendKind.STORAGE.value, SpendKind.REQUESTS.value):
             out.storage_usd += r.usd
+        elif r.kind == SpendKind.EGRESS.value:
+            out.egress_usd += r.usd
         else:
             out.other_usd += r.usd
         out.actual_usd += r.usd
@@ -374,7 +382,7 @@ def _attempts(out: JobAudit, job: Job, all_atts: list[Attempt], atts: list[Attem
             lost_steps=tr.lost_steps, steps_per_hour=own * 3600.0 if own else None,
             od_usd_per_hour=od, baseline_usd=base, overhead_s=overhead,
             stall_s=a.checkpoint_stall_s, wait_before_s=wait, resumed_from=a.start_step,
-            ran_to=tr.last_step, causes=split,
+            ran_to=tr.last_step, causes=split, cloud=a.cloud,
             not_charged_usd=gross_by_attempt.get(a.id, 0.0) if free else 0.0,
             nodes=node_lines(mine, usd_by_instance or {}, end),
             notice_outcome=tr.notice_outcome, time_to_resume=tr.time_to_resume,

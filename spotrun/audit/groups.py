@@ -14,8 +14,8 @@ from typing import Any
 from spotrun.audit.compute import JobAudit, WasteLine
 
 BY = ("project", "owner")
-_SUMMED = ("spot_usd", "on_demand_usd", "volume_usd", "storage_usd", "other_usd", "actual_usd",
-           "baseline_on_demand_usd", "saved_usd", "preemptions", "kept_steps", "lost_steps",
+_SUMMED = ("spot_usd", "on_demand_usd", "volume_usd", "storage_usd", "egress_usd", "other_usd",
+           "actual_usd", "baseline_on_demand_usd", "saved_usd", "preemptions", "kept_steps", "lost_steps",
            "lost_steps_unknown", "ledger_rows")
 
 

@@ -29,10 +29,12 @@ CAUSE_LABELS = {
     "node_replacement": "node replacement",
     "storage": "storage (checkpoints, logs)",
     "volumes": "volumes",
+    "egress": "egress (checkpoints moved between clouds)",
     "other": "other",
 }
 CSV_COLUMNS: list[str] = (
-    ["id", "state", "spot_usd", "on_demand_usd", "volume_usd", "storage_usd", "other_usd",
+    ["id", "state", "spot_usd", "on_demand_usd", "volume_usd", "storage_usd", "egress_usd",
+     "other_usd",
      "actual_usd", "baseline_on_demand_usd", "baseline_reference_usd", "reference_instance",
      "saved_usd", "saved_fraction", "preemptions", "kept_steps", "lost_steps",
      "lost_steps_unknown", "ledger_rows",

@@ -191,7 +191,10 @@ def print_timeline(console: Console, d: dict[str, Any], events: list[dict[str, A
             Column("ran", f"ran ({clock})", 2, "right"),
             Column("price", "$/h", 3, "right"),
             Column("start", f"start ({clock})", 4), Column("instance", "instance", 5)]
-    rows = [{"n": str(a["number"]), "pool": f"{a['instance_type']} {a['zone']} {a['market']}",
+    # The cloud names the pool once a job has run on more than one (docs/clouds.md).
+    moved = len({a.get("cloud") for a in d["attempts"] if a.get("cloud")}) > 1
+    rows = [{"n": str(a["number"]), "pool": (f"{a['cloud']} " if moved else "")
+             + f"{a['instance_type']} {a['zone']} {a['market']}",
              "price": f"{a['price_usd_per_hour']:.3f}",
              "ran": _span(a["started_at_market"], a["ended_at_market"]),
              "steps": steps_text(a), "end": a["end_reason"] or a["state"],

@@ -150,6 +150,11 @@ class PolicyPlacer:
         spec = spec or job_spec(job)
         if not spec.policy.deadline:
             return False
+        if self.ctx.several:
+            # Several clouds: a deadline job is placed by the decision over every cloud (its
+            # candidates' expected hours against the deadline, on-demand allowed); the
+            # interval policy reads one provider's market grid (docs/clouds.md, "Limits").
+            return False
         if attempts is None:
             with session(self.ctx.engine) as s:
                 attempts = attempts_of(s, job.id)

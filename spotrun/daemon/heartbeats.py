@@ -33,7 +33,7 @@ class HeartbeatLoop:
             # Multi-node attempts report per node: the node loop reads those (nodeloop.py).
             rows = list(s.exec(select(Attempt, Job).where(
                 Attempt.state == AttemptState.RUNNING, Attempt.job_id == Job.id,
-                Attempt.nodes <= 1, Attempt.nodes_min.is_(None))))
+                Attempt.nodes <= 1, Attempt.nodes_min.is_(None), self.ctx.owns())))
         live = {att.id for att, _ in rows}
         for gone in set(self._seen_ts) - live:
             self._seen_ts.pop(gone, None)
@@ -41,7 +41,7 @@ class HeartbeatLoop:
         # The store is read outside the database turn: the other loops go on meanwhile.
         news = []
         for att, job in rows:
-            store = self.ctx.store_for(job.store_uri)
+            store = self.ctx.job_store(job)
             beat = read_report(store, layout.heartbeat_key(job.id, att.number), Heartbeat)
             notice = None if att.notice_at else read_report(
                 store, layout.notice_key(job.id, att.number), Notice)

@@ -30,10 +30,13 @@ from spotrun.costmodel.notice_loss import notice_prior_of
 from spotrun.costmodel.risk import risk_model
 from spotrun.daemon.context import DaemonContext
 from spotrun.db import Attempt, Job, session
-from spotrun.decide import MarketSnapshot, Placement, decide, hours_left
+from spotrun.decide import MarketSnapshot, Placement, Ranking, decide, hours_left
+from spotrun.decide.clouds import CheckpointAt, merge, spec_in_cloud
 from spotrun.decide.market import SnapshotSource
 from spotrun.decide.quarantine import recent_notices
 from spotrun.providers.facts import facts_for
+from spotrun.daemon.moves import resume_location
+from spotrun.zones import known_zones
 from spotrun.spec import JobSpec
 from spotrun.states import EndReason
 
@@ -46,22 +49,59 @@ SLACK_STEP = 0.05
 
 def placement_for(ctx: DaemonContext, job: Job, spec: JobSpec, *,
                   inputs: "PassInputs | None" = None) -> Placement:
-    """Where the job's next attempt should run, decided on what the daemon sees now."""
+    """Where the job's next attempt should run, decided on what the daemon sees now (with
+    several clouds: over each cloud the job may use, spotrun.decide.clouds)."""
     inputs = inputs or PassInputs(ctx)
     # Jobs of one spec and no history yet (a sweep, a queue filled from one file) get one
     # decision: its inputs are the same, the job's id only names its (empty) history.
     alike = inputs.alike_key(job)
     if alike is not None and alike in inputs.decided:
         return inputs.decided[alike]
-    market = inputs.market(spec.resources.zones)
-    types = list(spec.resources.instance_types or inputs.catalog.names())
-    placed = decide(spec, catalog=inputs.catalog, market=market, history=inputs.history,
-                    hours_left=hours_left(spec.policy.deadline, market.at),
-                    time_scale=ctx.time_scale, job_id=job.id, steps_done=job.last_step,
-                    risk=inputs.risk(types, market.zones), notice=inputs.notice)
+    if ctx.several:
+        placed = across_clouds(ctx, job, spec, inputs)
+    else:
+        placed = _decide_in(ctx, job, spec, inputs)
     if alike is not None:
         inputs.decided[alike] = placed
     return placed
+
+
+def _decide_in(ctx: DaemonContext, job: Job, spec: JobSpec, inputs: "PassInputs") -> Placement:
+    """The decision in one cloud, on its pass inputs."""
+    market = inputs.market(spec.resources.zones)
+    types = list(spec.resources.instance_types or inputs.catalog.names())
+    return decide(spec, catalog=inputs.catalog, market=market, history=inputs.history,
+                  hours_left=hours_left(spec.policy.deadline, market.at),
+                  time_scale=ctx.time_scale, job_id=job.id, steps_done=job.last_step,
+                  risk=inputs.risk(types, market.zones), notice=inputs.notice)
+
+
+def across_clouds(ctx: DaemonContext, job: Job, spec: JobSpec,
+                  inputs: "PassInputs") -> Placement:
+    """Each cloud the job may use decided on its own inputs, then one order with the move of
+    the job's resume checkpoint priced (spotrun.decide.clouds.merge)."""
+    catalogs = {c: inputs.peer(c).catalog for c in ctx.peers}
+    placed: dict[str, Placement] = {}
+    units: dict[str, float] = {}
+    left: dict[str, str] = {}
+    for cloud in ctx.peers:
+        if spec.resources.clouds and cloud not in spec.resources.clouds:
+            continue
+        peer = ctx.peers[cloud]
+        cut, why = spec_in_cloud(spec, catalogs[cloud], known_zones(peer.settings), catalogs)
+        if cut is None:
+            left[cloud] = why
+            continue
+        placed[cloud] = _decide_in(peer, job, cut.spec, inputs.peer(cloud))
+        units[cloud] = cut.unit
+    if not placed:
+        home = inputs.peer(ctx.cloud)
+        return Placement(candidates=[], ranking=Ranking([], [], None, ""),
+                         market=home.market(None), wait_reason="no cloud it may use can run "
+                         "it: " + "; ".join(f"{c}: {w}" for c, w in left.items()))
+    at = inputs.checkpoint_at(job)
+    return merge(placed, at, hours_left(spec.policy.deadline, next(
+        iter(placed.values())).market.at), left, units)
 
 
 class RiskModels:
@@ -90,6 +130,9 @@ class PassInputs:
     def __init__(self, ctx: DaemonContext, *, attempts: dict[str, list[Attempt]] | None = None,
                  jobs: dict[str, Job] | None = None, risks: RiskModels | None = None) -> None:
         self.ctx = ctx
+        self._attempts_in, self._jobs_in = attempts, jobs
+        self._peers: dict[str, PassInputs] = {ctx.cloud: self}
+        self._moves: dict[str, CheckpointAt] = {}
         self.catalog = catalog_for(ctx.settings)   # the provider's own catalog
         facts = facts_for(ctx.settings)
         # Every attempt's recent notices (any job) ride on the pass's market: a pool with one
@@ -103,6 +146,24 @@ class PassInputs:
         self._risk: dict[tuple[tuple[str, ...], tuple[str, ...]], tuple[Any, int]] = {}
         self._fleet: tuple[int, int] | None = None
         self.decided: dict[tuple[Any, ...], Placement] = {}   # by alike_key, this pass
+
+    def peer(self, cloud: str) -> "PassInputs":
+        """The pass inputs of another cloud (several clouds), read at most once per pass."""
+        got = self._peers.get(cloud)
+        if got is None:
+            got = self._peers[cloud] = PassInputs(self.ctx.peers[cloud],
+                                                  attempts=self._attempts_in,
+                                                  jobs=self._jobs_in, risks=self.risks)
+        return got
+
+    def checkpoint_at(self, job: Job) -> CheckpointAt:
+        """Where the job's resume checkpoint is and its size (several clouds): the store of
+        the cloud its last attempt that ran was on; NOWHERE before any attempt ran."""
+        got = self._moves.get(job.id)
+        if got is None:
+            got = self._moves[job.id] = resume_location(self.ctx, job,
+                                                        self.history.attempts_of(job.id))
+        return got
 
     def alike_key(self, job: Job) -> tuple[Any, ...] | None:
         """What makes two jobs' decisions the same this pass, for a job without attempts
@@ -210,12 +271,24 @@ class Decisions:
 
     def key(self, job: Job, spec: JobSpec, attempts: list[Attempt],
             inputs: PassInputs) -> tuple[Any, ...]:
-        """Everything but time a decision of the job reads."""
+        """Everything but time a decision of the job reads (every cloud's market, with
+        several)."""
         zones = spec.resources.zones or None
-        types = tuple(spec.resources.instance_types or inputs.catalog.names())
-        market = inputs.market(zones)
-        return (history_key(job, attempts), inputs.source.fingerprint(zones, types),
-                inputs.fleet(), inputs.risk_version(types, market.zones))
+        if not inputs.ctx.several:
+            types = tuple(spec.resources.instance_types or inputs.catalog.names())
+            market = inputs.market(zones)
+            return (history_key(job, attempts), inputs.source.fingerprint(zones, types),
+                    inputs.fleet(), inputs.risk_version(types, market.zones))
+        markets = []
+        for cloud, peer in inputs.ctx.peers.items():
+            pin = inputs.peer(cloud)
+            types = tuple(t for t in spec.resources.instance_types if t in pin.catalog) \
+                or tuple(pin.catalog.names())
+            own = tuple(z for z in zones or () if z in known_zones(peer.settings)) or None
+            market = pin.market(own)
+            markets.append((pin.source.fingerprint(own, types),
+                            pin.risk_version(types, market.zones)))
+        return (history_key(job, attempts), tuple(markets), inputs.fleet())
 
     def standing(self, job: Job, spec: JobSpec, key: tuple[Any, ...], inputs: PassInputs,
                  now: datetime) -> Placement | None:

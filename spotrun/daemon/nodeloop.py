@@ -58,7 +58,8 @@ class NodeLoop:
         """One pass over the live multi-node attempts."""
         with session(self.ctx.engine) as s:
             atts = [a for a in s.exec(select(Attempt).where(
-                Attempt.state.in_(LIVE), or_(Attempt.nodes > 1, Attempt.nodes_min.is_not(None))))]
+                Attempt.state.in_(LIVE), or_(Attempt.nodes > 1, Attempt.nodes_min.is_not(None)),
+                self.ctx.owns()))]
             ids = [n.instance_id for a in atts for n in nodes_of(s, a.id)
                    if n.instance_id and not n.state.is_terminal()]
         infos = {i.instance_id: i for i in self.ctx.provider.describe(instance_ids=ids)} \
@@ -103,7 +104,7 @@ class NodeLoop:
                     s.commit()
 
     def _node_ended(self, job: Job, att: Attempt, n: AttemptNode, info: InstanceInfo) -> None:
-        store = self.ctx.store_for(job.store_uri)
+        store = self.ctx.job_store(job)
         try:
             report = parse_report(store.get_bytes(
                 layout.node_exit_key(job.id, att.number, n.instance_id)), ExitReport)
@@ -136,7 +137,7 @@ class NodeLoop:
     # ------------------------------------------------------------ heartbeats
 
     def _heartbeats(self, job: Job, att: Attempt, now: datetime) -> None:
-        store = self.ctx.store_for(job.store_uri)
+        store = self.ctx.job_store(job)
         timeout = timedelta(seconds=self.ctx.settings.daemon.heartbeat_timeout_s)
         with session(self.ctx.engine) as s:
             running = [n for n in nodes_of(s, att.id) if n.state is NodeState.RUNNING]
@@ -248,8 +249,8 @@ class NodeLoop:
                 add_event(s, job.id, "node_replacing", f"attempt {a.number} node {rank}: "
                           f"launching a replacement in {pool.key()}", attempt_id=a.id)
             s.commit()
-        req = launch_request(self.ctx.settings, AttemptPlan.of(job, a), [pool],
-                             client_token=row.client_token, ranks=[rank])
+        req = launch_request(self.ctx.settings, AttemptPlan.of(job, a, self.ctx.plan_store_uri),
+                             [pool], client_token=row.client_token, ranks=[rank])
         try:
             info = self.ctx.provider.launch(self.ctx.provider.plan_launch(req))
         except CapacityError as exc:

@@ -94,7 +94,7 @@ def launch_group(ctx: DaemonContext, job: Job, att: Attempt,
     and ProviderError reach the caller (the scheduler), which treats them as for one node."""
     with session(ctx.engine) as s:
         pending = [n for n in nodes_of(s, att.id) if n.instance_id is None]
-    req = launch_request(ctx.settings, AttemptPlan.of(job, att), pools,
+    req = launch_request(ctx.settings, AttemptPlan.of(job, att, ctx.plan_store_uri), pools,
                          client_token=att.client_token, ranks=[n.node_rank for n in pending])
     infos = ctx.provider.launch_group(ctx.provider.plan_launch(req))
     with session(ctx.engine) as s:
@@ -162,7 +162,7 @@ def sync_membership(ctx: DaemonContext, job: Job, attempt_id: int) -> bool:
                "nodes": [{"rank": n.node_rank, "instance_id": n.instance_id,
                           "host": n.private_ip or "127.0.0.1"} for n in members]}
         try:
-            ctx.store_for(job.store_uri).put_bytes(layout.nodes_key(job.id, a.number),
+            ctx.job_store(job).put_bytes(layout.nodes_key(job.id, a.number),
                                                    json.dumps(doc).encode())
         except StoreError as exc:
             ctx.log.warning("nodes_write_failed", job=job.id, attempt=a.number, error=str(exc))

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
-from typing import Protocol
+from typing import Any, Protocol
 
 import structlog
-from sqlalchemy import func
+from sqlalchemy import func, true
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import select
@@ -62,9 +62,12 @@ class PriceLoop:
     name = "prices"
 
     def __init__(self, engine: Engine, provider: PriceFeed, *,
-                 lookback_s: float = LOOKBACK_S, recent_job_s: float = RECENT_JOB_S) -> None:
+                 lookback_s: float = LOOKBACK_S, recent_job_s: float = RECENT_JOB_S,
+                 owns: Any = None) -> None:
         self.engine = engine
         self.provider = provider
+        # Several clouds: one price loop per cloud, over its own attempts' types.
+        self.owns = true() if owns is None else owns
         self.lookback_s = lookback_s
         self.recent_job_s = recent_job_s
         self._fetched_until: dict[str, datetime] = {}   # type -> end of the last fetch
@@ -97,7 +100,7 @@ class PriceLoop:
                    or (recent is not None and j.updated_at >= recent)]
             if not ids:
                 return []
-            atts = list(s.exec(select(Attempt).where(Attempt.job_id.in_(ids))))
+            atts = list(s.exec(select(Attempt).where(Attempt.job_id.in_(ids), self.owns)))
         types: set[str] = set()
         for a in atts:
             if a.market is Market.SPOT:

@@ -55,7 +55,8 @@ class ReconcileLoop:
         """One reconcile pass."""
         with session(self.ctx.engine) as s:
             live = list(s.exec(select(Attempt).where(Attempt.state.in_(LIVE),
-                                                     Attempt.instance_id.is_not(None))))
+                                                     Attempt.instance_id.is_not(None),
+                                                     self.ctx.owns())))
         infos = {}
         if live:
             ids = [a.instance_id for a in live]
@@ -78,7 +79,7 @@ class ReconcileLoop:
     def _exit_report(self, job: Job, att: Attempt) -> ExitReport | None:
         """The agent's exit.json; None if there is none; StoreError if it cannot be read."""
         try:
-            raw = self.ctx.store_for(job.store_uri).get_bytes(
+            raw = self.ctx.job_store(job).get_bytes(
                 layout.exit_key(job.id, att.number))
         except ObjectNotFound:
             return None
@@ -87,14 +88,14 @@ class ReconcileLoop:
     def _fenced_note(self, job: Job, att: Attempt) -> dict | None:
         """The note an agent leaves when another instance holds its attempt (agent/fence.py)."""
         try:
-            note = json.loads(self.ctx.store_for(job.store_uri).get_bytes(
+            note = json.loads(self.ctx.job_store(job).get_bytes(
                 fenced_key(job.id, att.number, att.instance_id or "")))
         except (ObjectNotFound, StoreError, ValueError):
             return None
         return note if isinstance(note, dict) else None
 
     def _final_heartbeat(self, job: Job, att: Attempt) -> Heartbeat | None:
-        return read_report(self.ctx.store_for(job.store_uri),
+        return read_report(self.ctx.job_store(job),
                            layout.heartbeat_key(job.id, att.number), Heartbeat)
 
     def _ended(self, att: Attempt, info: InstanceInfo, now: datetime) -> None:
@@ -214,7 +215,7 @@ class ReconcileLoop:
         for job in jobs:
             if job.state.is_terminal():
                 continue
-            store = self.ctx.store_for(job.store_uri)
+            store = self.ctx.job_store(job)
             try:
                 store.put_bytes(layout.control_key(job.id), b'{"cancel": true}')
             except StoreError as exc:
@@ -260,7 +261,7 @@ class ReconcileLoop:
                     s.commit()
                     continue
             try:
-                self.ctx.store_for(job.store_uri).put_bytes(
+                self.ctx.job_store(job).put_bytes(
                     layout.control_key(job.id), budget_stop_request([a.number for a in live]))
             except StoreError as exc:
                 self.ctx.log.warning("budget_control_write_failed", job=job.id, error=str(exc))

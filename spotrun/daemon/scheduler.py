@@ -23,6 +23,7 @@ from spotrun.agent.contract import AttemptPlan, launch_request, spec_is_multi
 from spotrun.budgets.guard import ScopeGuard
 from spotrun.daemon.context import DaemonContext
 from spotrun.daemon.live_decision import Decisions, PassInputs, RiskModels, placement_for
+from spotrun.daemon.moves import follow, resume_cloud, uri_in_cloud
 from spotrun.daemon.nodes import (add_group_intents, group_pending, is_multi, launch_group,
                                   terminate_nodes)
 from spotrun.daemon.deadline_policy import PolicyPlacer, same_pool
@@ -32,7 +33,7 @@ from spotrun.decide.waitkind import reason_kind
 from spotrun.daemon.reconcile import terminate_attempt
 from spotrun.steps import job_resumes_from
 from spotrun.db import Attempt, Event, Job, add_event, attempts_of, session, utcnow
-from spotrun.errors import CapacityError, ProviderError
+from spotrun.errors import CapacityError, ProviderError, StoreError
 from spotrun.ledger.budget import budget_check, request_budget_stop
 from spotrun.providers.base import TAG_ATTEMPT, Pool, pools_from_json, pools_to_json
 from spotrun.spec import JobSpec, job_spec, spec_from_dict
@@ -172,7 +173,8 @@ class SchedulerLoop:
             return
         if current is not None:
             where = pool_of(target).key() if target is not None else "wait (idle)"
-            terminate_attempt(self.ctx, current, EndReason.MOVED, f"policy: {where}")
+            terminate_attempt(self.ctx.for_cloud(current.cloud), current, EndReason.MOVED,
+                              f"policy: {where}")
         if target is None:
             return
         with session(self.ctx.engine) as s:
@@ -239,9 +241,14 @@ class SchedulerLoop:
         if not self._budget_allows(job, choices[0], now):
             return
         number = (attempts[-1].number + 1) if attempts else 1
-        start_step = self.ctx.checkpointed_step(job.id, job.checkpoint_uri, job.last_step)
+        # Where the resume checkpoint is now: the cloud of the last attempt that ran (it moves
+        # to the new attempt's cloud before the launch, daemon/moves.py).
+        held = self.ctx.for_cloud(resume_cloud(self.ctx, attempts))
+        start_step = held.checkpointed_step(job.id, uri_in_cloud(held, job, job.checkpoint_uri),
+                                            job.last_step)
+        cloud = choices[0].cloud or self.ctx.cloud
         first = pools[0]
-        price = self._price(first)
+        price = self._price(first, cloud)
         spec = self._specs_of(job)[0]
         multi = spec_is_multi(spec)
         attempt = Attempt(job_id=job.id, number=number, state=AttemptState.LAUNCHING,
@@ -251,7 +258,7 @@ class SchedulerLoop:
                           client_token=f"{job.id}-a{number}-{secrets.token_hex(4)}",
                           gpus=choices[0].gpus,
                           checkpoint_interval_s=choices[0].checkpoint_interval_s,
-                          candidates=pools_to_json(pools[:MAX_CANDIDATES]))
+                          candidates=pools_to_json(pools[:MAX_CANDIDATES]), cloud=cloud)
         with session(self.ctx.engine) as s:
             if not _still_launchable(s, job.id, now):
                 return   # cancelled (or moved on) since this tick read it: no intent
@@ -272,7 +279,8 @@ class SchedulerLoop:
             s.flush()
             if multi:
                 add_group_intents(s, attempt)   # one row per rank, tokens <token>-<k>
-            add_event(s, job.id, "launch_intent", f"attempt {number}: {first.key()} "
+            add_event(s, job.id, "launch_intent", f"attempt {number}: {first.key()}"
+                      + (f" on {cloud}" if self.ctx.several else "") + " "
                       f"(+{len(pools) - 1} more)"
                       + (f", {spec.resources.nodes_text()} nodes" if multi else ""),
                       attempt_id=attempt.id)
@@ -299,7 +307,7 @@ class SchedulerLoop:
 
     def _adopt_or_drop(self, job: Job, att: Attempt) -> None:
         """A cancelled job's half-done launch: adopt the instance if it started, else drop it."""
-        found = [i for i in self.ctx.provider.describe(job_id=job.id)
+        found = [i for i in self.ctx.for_cloud(att.cloud).provider.describe(job_id=job.id)
                  if i.tags.get(TAG_ATTEMPT) == str(att.number)
                  or (i.client_token and i.client_token == att.client_token)]
         with session(self.ctx.engine) as s:
@@ -316,14 +324,18 @@ class SchedulerLoop:
             s.commit()
 
     def _launch(self, job: Job, attempt: Attempt, pools: list[Pool], now: datetime) -> None:
+        cloud = self.ctx.for_cloud(attempt.cloud)
+        if self.ctx.several and not self._followed(job, attempt):
+            return
         if is_multi(attempt):
             self._launch_group(job, attempt, pools, now)
             return
-        request = launch_request(self.ctx.settings, AttemptPlan.of(job, attempt), pools,
+        request = launch_request(cloud.settings,
+                                 AttemptPlan.of(job, attempt, cloud.plan_store_uri), pools,
                                  client_token=attempt.client_token)
-        plan = self.ctx.provider.plan_launch(request)
+        plan = cloud.provider.plan_launch(request)
         try:
-            info = self.ctx.provider.launch(plan)
+            info = cloud.provider.launch(plan)
         except CapacityError as exc:
             self._end_attempt(attempt, EndReason.LAUNCH_FAILED, f"no capacity: {exc.message}")
             self._wait(job, now, f"no capacity in {len(pools)} pool(s)")
@@ -351,12 +363,27 @@ class SchedulerLoop:
                           instance=info.instance_id, pool=f"{info.instance_type}/{info.zone}",
                           market=info.market.value)
 
+    def _followed(self, job: Job, attempt: Attempt) -> bool:
+        """Several clouds: the job's checkpoint and code are in the attempt's cloud (copied
+        there now if they were elsewhere). False: the copy failed; the intent stays and the
+        next pass goes on from what arrived."""
+        with session(self.ctx.engine) as s:
+            attempts = attempts_of(s, job.id)
+        try:
+            follow(self.ctx, job, attempt, attempts)
+        except (StoreError, ProviderError) as exc:
+            self.ctx.log.warning("checkpoint_move_failed_retrying", job=job.id,
+                                 attempt=attempt.number, error=str(exc))
+            return False
+        return True
+
     def _launch_group(self, job: Job, attempt: Attempt, pools: list[Pool], now: datetime) -> None:
         """All of a multi-node attempt's nodes in one pool (spotrun.daemon.nodes)."""
+        cloud = self.ctx.for_cloud(attempt.cloud)
         try:
-            infos = launch_group(self.ctx, job, attempt, pools)
+            infos = launch_group(cloud, job, attempt, pools)
         except CapacityError as exc:
-            terminate_nodes(self.ctx, attempt, EndReason.LAUNCH_FAILED, "no capacity")
+            terminate_nodes(cloud, attempt, EndReason.LAUNCH_FAILED, "no capacity")
             self._end_attempt(attempt, EndReason.LAUNCH_FAILED, f"no capacity: {exc.message}")
             self._wait(job, now, f"no pool of {len(pools)} has room for {attempt.nodes} nodes")
             return
@@ -412,12 +439,12 @@ class SchedulerLoop:
                 add_event(s, job.id, "waiting", why)
             s.commit()
 
-    def _price(self, pool: Pool) -> float:
+    def _price(self, pool: Pool, cloud: str) -> float:
+        provider = self.ctx.for_cloud(cloud).provider
         if pool.market is Market.ON_DEMAND:
-            return self.ctx.provider.on_demand_price(pool.instance_type)
-        price = self.ctx.provider.spot_price(pool.instance_type, pool.zone)
-        return price if price is not None else self.ctx.provider.on_demand_price(
-            pool.instance_type)
+            return provider.on_demand_price(pool.instance_type)
+        price = provider.spot_price(pool.instance_type, pool.zone)
+        return price if price is not None else provider.on_demand_price(pool.instance_type)
 
 
 def _still_launchable(s: Any, job_id: str, now: datetime) -> bool:

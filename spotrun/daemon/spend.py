@@ -13,7 +13,7 @@ from datetime import datetime
 from typing import Any
 
 import structlog
-from sqlalchemy import String, cast, literal, or_
+from sqlalchemy import String, cast, literal, or_, true
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import IntegrityError, OperationalError
 from sqlmodel import select
@@ -54,9 +54,14 @@ class SpendLoop:
     def __init__(self, engine: Engine, provider: Provider, *, rules: BillingRules | None = None,
                  store_opener: StoreOpener = open_store, volume_gb: float = 0.0,
                  min_book_s: float = 60.0, storage_interval_s: float = 600.0,
-                 stop_margin: StopMargin | None = None, log: Any = None) -> None:
+                 stop_margin: StopMargin | None = None, log: Any = None,
+                 owns: Any = None, books_storage: bool = True) -> None:
         self.engine = engine
         self.provider = provider
+        # Several clouds: one spend loop per cloud books its own attempts (its provider's
+        # prices and billing rules); the home cloud's books the jobs' storage.
+        self.owns = true() if owns is None else owns
+        self.books_storage = books_storage
         self.rules = rules or rules_for(provider.name)
         self.store_opener = store_opener
         self.volume_gb = volume_gb
@@ -81,7 +86,8 @@ class SpendLoop:
     def _open_attempts(self) -> list[tuple[Attempt, LedgerMark | None]]:
         key = literal("attempt:") + cast(Attempt.id, String)
         q = (select(Attempt, LedgerMark).outerjoin(LedgerMark, LedgerMark.key == key)
-             .where(or_(LedgerMark.closed.is_(None), LedgerMark.closed == False))  # noqa: E712
+             .where(or_(LedgerMark.closed.is_(None), LedgerMark.closed == False),  # noqa: E712
+                    self.owns)
              .order_by(Attempt.id))
         with session(self.engine) as s:
             rows = list(s.exec(q))
@@ -159,7 +165,8 @@ class SpendLoop:
         q = (select(AttemptNode, Attempt, LedgerMark)
              .outerjoin(LedgerMark, LedgerMark.key == key)
              .where(AttemptNode.attempt_id == Attempt.id, AttemptNode.instance_id.is_not(None),
-                    or_(LedgerMark.closed.is_(None), LedgerMark.closed == False))  # noqa: E712
+                    or_(LedgerMark.closed.is_(None), LedgerMark.closed == False),  # noqa: E712
+                    self.owns)
              .order_by(AttemptNode.id))
         with session(self.engine) as s:
             rows = list(s.exec(q))
@@ -205,6 +212,8 @@ class SpendLoop:
         return [(job, mark, by_job.get(job.id, [])) for job, mark in rows]
 
     def _book_storage(self, pnow: datetime, wall: datetime, out: SpendTick) -> None:
+        if not self.books_storage:
+            return
         for job, mark, atts in self._storage_jobs():
             if not atts:
                 continue
@@ -242,7 +251,7 @@ class SpendLoop:
             # Only a job with an instance running can pass its budget before the next launch.
             running = list(s.exec(select(Attempt, Job).join(Job, Job.id == Attempt.job_id).where(
                 *live, Attempt.state != AttemptState.ENDED, Attempt.started_at.is_not(None),
-                Attempt.ended_at.is_(None)).order_by(Attempt.number)))
+                Attempt.ended_at.is_(None), self.owns).order_by(Attempt.number)))
         by_job: dict[str, list[Attempt]] = {}
         jobs: dict[str, Job] = {}
         for a, job in running:

@@ -20,7 +20,7 @@ from sqlmodel import Session, SQLModel
 
 from spotrun.db.budget_rows import BudgetRow   # budgets set through `spotrun budgets set`
 from spotrun.db.identity import ApiToken, TeamUser, TrailEntry, WebSession   # team server's
-from spotrun.db.models import AttemptNode, Job, Meta
+from spotrun.db.models import AttemptNode, CheckpointMove, Job, Meta
 from spotrun.db.outbox import NotifyOutbox   # its table is part of the schema
 from spotrun.errors import ConfigError
 
@@ -86,6 +86,12 @@ def _budget_rows(conn: Connection) -> None:
     BudgetRow.__table__.create(conn, checkfirst=True)
 
 
+def _attempt_clouds(conn: Connection) -> None:
+    """Version 11: the cloud of each attempt (`Attempt.cloud`, added generically; old rows
+    read None: the daemon's one provider) and the checkpoints moved between clouds."""
+    CheckpointMove.__table__.create(conn, checkfirst=True)
+
+
 STEPS: list[Step] = [
     Step(2, "columns added after v1 (budget stop, checkpoint figures, running_at, ...)",
          _columns_added_by_helpers),
@@ -98,6 +104,7 @@ STEPS: list[Step] = [
     Step(8, "measured budget stops on attempts (the stop margin)", _measured_stops),
     Step(9, "team server: dashboard login sessions", _web_sessions),
     Step(10, "budgets set through the CLI or the team server", _budget_rows),
+    Step(11, "the cloud of each attempt (several clouds in one daemon)", _attempt_clouds),
 ]
 LATEST = max(s.version for s in STEPS)
 

@@ -121,6 +121,9 @@ class Attempt(SQLModel, table=True):
     instance_cause: str | None = None  # the provider's termination cause (TerminationCause)
     checkpoint_failures: int = 0        # checkpoint saves that failed (every try), per heartbeats
     checkpoint_error: str | None = None  # the last failed save: "step N: error"
+    # The provider it was launched on (several clouds, docs/clouds.md); None: a row from
+    # before clouds were recorded, launched on the daemon's one provider.
+    cloud: str | None = None
     # Multi-node (resources.nodes > 1 or elastic): the instances are AttemptNode rows and
     # instance_id stays None; the membership the agents read is nodes.json (daemon/nodes.py).
     nodes: int = 1                      # nodes launched (MAX for an elastic job)
@@ -224,6 +227,22 @@ class PricePoint(SQLModel, table=True):
     price_usd_per_hour: float
     source: str = ""                    # provider name the point came from
     recorded_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
+
+
+class CheckpointMove(SQLModel, table=True):
+    """A resume checkpoint copied from one cloud's store to another's before an attempt
+    (docs/clouds.md): one row per attempt that moved, written once the copy is complete."""
+
+    id: int | None = Field(default=None, primary_key=True)
+    job_id: str = Field(index=True)
+    attempt_id: int = Field(unique=True)   # the attempt the copy was for: at most one each
+    checkpoint: str                        # ckpt-<step> copied
+    src_cloud: str
+    dst_cloud: str
+    nbytes: int                            # bytes the copy sent (those already there: none)
+    seconds: float                         # wall seconds the copy took (throughput measured)
+    usd: float                             # egress billed by the source cloud
+    at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
 
 
 class Meta(SQLModel, table=True):

@@ -17,7 +17,8 @@ from typing import Any, Callable, Iterable
 from spotrun.catalog import Catalog
 from spotrun.costmodel.price_source import CatalogPrices, safe_price
 from spotrun.decide.quarantine import NO_QUARANTINE, PoolNotice, Quarantine
-from spotrun.providers.base import PoolView, ProviderFeature, RestingMarket
+from spotrun.providers.base import Pool, PoolView, ProviderFeature, RestingMarket
+from spotrun.states import Market
 
 PoolKey = tuple[str, str]
 
@@ -147,6 +148,7 @@ class SnapshotSource:
         self._at: datetime | None = None
         self._rows: list[Any] | None = None
         self._od: dict[str, float | None] | None = None
+        self._cooling: list[Pool] | None = None   # pools that refused capacity lately
         self._cuts: dict[tuple[str, ...] | None, MarketSnapshot] = {}
         self._prints: dict[tuple[Any, ...], int] = {}
 
@@ -193,6 +195,13 @@ class SnapshotSource:
             spot, avail = _pool_rows(rows, zl)
         else:
             fetch = partial(safe_price, provider.spot_price)
+        if ProviderFeature.CAPACITY_COOLDOWN in provider.features:
+            if self._cooling is None:
+                self._cooling = [p for p in map(Pool.from_key, provider.pools_cooling())
+                                 if p is not None and p.market is Market.SPOT]
+            for p in self._cooling:
+                if p.zone in zl:
+                    avail[(p.instance_type, p.zone)] = False
         if self._od is None:
             self._od = {t: safe_price(provider.on_demand_price, t) for t in self.names}
         return MarketSnapshot(zones=zl, spot=spot, on_demand=dict(self._od), at=self._at,

@@ -172,6 +172,11 @@ class ProviderFeature(str, Enum):
     # read it, where reading it live would start it (a local market not running); None while
     # it runs. Without it reading the market live starts nothing.
     RESTING_MARKET = "resting_market"
+    # pools_cooling() -> set[str]: keys (`type/zone/market`) of the pools that refused a launch
+    # for capacity within the provider's cooldown. A decision takes those spot pools as having
+    # no capacity now, so the next launch goes elsewhere (another zone, type or cloud) rather
+    # than into the same refusal. Without it every pool is taken as having capacity.
+    CAPACITY_COOLDOWN = "pools_cooling"
 
 
 @dataclass(frozen=True)

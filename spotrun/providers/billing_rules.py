@@ -27,6 +27,7 @@ class SpendKind(str, Enum):
     VOLUME = "volume"            # attached block storage, GB-month
     STORAGE = "storage"          # object storage (checkpoints, logs), GB-month
     REQUESTS = "requests"        # object-store write requests
+    EGRESS = "egress"            # bytes copied out of a cloud (a checkpoint moved, issue 43)
 
     @classmethod
     def instance_kinds(cls) -> tuple[str, ...]:

@@ -43,6 +43,13 @@ def catalog_for(settings: Any) -> Catalog:
 
 
 def od_price_for(settings: Any) -> Callable[[str], float | None]:
-    """On-demand USD/h by instance type in the configured provider's catalog and region."""
-    facts = facts_for(settings)
-    return catalog_od_price(facts.price_region(settings), facts.catalog)
+    """On-demand USD/h by instance type in the configured provider's catalog and region (with
+    several clouds, `providers`: the catalog of the cloud whose type it is)."""
+    prices = [catalog_od_price(FACTS[c].price_region(settings), FACTS[c].catalog)
+              for c in settings.clouds]
+    if len(prices) == 1:
+        return prices[0]
+
+    def price(instance_type: str) -> float | None:
+        return next((p for p in (f(instance_type) for f in prices) if p is not None), None)
+    return price

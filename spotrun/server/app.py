@@ -22,6 +22,7 @@ import spotrun.planning.plans  # noqa: F401
 from spotrun.backends.local import LocalBackend
 from spotrun.config import Settings
 from spotrun.costmodel.history import SharedHistory
+from spotrun.decide.memo import CheckMemo
 from spotrun.db import open_settings_db
 from spotrun.db.faults import database_error
 from spotrun.errors import BadInputError, SpotrunError, TooManyAttemptsError
@@ -76,6 +77,7 @@ def create_app(settings: Settings, *, engine: Any = None, limiter: Limiter | Non
     app.state.engine = engine or open_settings_db(settings)
     app.state.backend = LocalBackend(settings, app.state.engine, provider)
     app.state.history = SharedHistory(app.state.engine)   # submits' checks share one reading
+    app.state.checks = CheckMemo(max_age_s=app.state.history.max_age_s)   # and alike specs
     app.state.status = StatusCache(app.state.backend.status_list, app.state.backend.status_entry,
                                    max_age_s=settings.server.status_max_age_s)
     app.state.limiter = limiter or Limiter()

@@ -110,7 +110,8 @@ def _validate(request: Request, head: dict[str, Any], bundle: Path | None, owner
     return validate_spec_bytes(head["spec"].encode("utf-8"), str(head.get("spec_file") or
                                                                   "spec.yaml"),
                                request.app.state.settings, owner=owner, base_dir=folder,
-                               workdir=str(stand_in), history=request.app.state.history)
+                               workdir=str(stand_in), history=request.app.state.history,
+                               checks=request.app.state.checks)
 
 
 def _record(request: Request, who: Caller, sub: Submission, bundle: Path | None,

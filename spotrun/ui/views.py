@@ -148,7 +148,7 @@ def job_dict(job: Job, attempts: list[Attempt], *, reports: Reports | None = Non
         atts.append({
             "number": a.number, "state": a.state.value, "market": a.market.value,
             "instance_type": a.instance_type, "zone": a.zone, "instance_id": a.instance_id,
-            "price_usd_per_hour": a.price_usd_per_hour,
+            "cloud": a.cloud, "price_usd_per_hour": a.price_usd_per_hour,
             "started_at_market": a.started_at, "ended_at_market": a.ended_at,
             "notice_at_market": a.notice_at, "running_at_market": a.running_at,
             "created_at_wall": a.created_at,

@@ -22,9 +22,10 @@ DEFAULT_ZONES = {
     "us-west-2": ["us-west-2a", "us-west-2b", "us-west-2c", "us-west-2d"],
 }
 AWS_RULES = BillingRules(provider="aws")
-# None beyond the protocol: EC2 prices are read per pool (a decision reads few), its prices
-# move when they move (no grid), and reading them starts nothing.
-AWS_FEATURES: frozenset[ProviderFeature] = frozenset()
+# Beyond the protocol, the pools that refused capacity lately (a decision goes elsewhere); no
+# market view: EC2 prices are read per pool (a decision reads few), its prices move when they
+# move (no grid), and reading them starts nothing.
+AWS_FEATURES: frozenset[ProviderFeature] = frozenset({ProviderFeature.CAPACITY_COOLDOWN})
 
 
 def _zones(settings: Any) -> list[str]:

@@ -26,9 +26,10 @@ ZONES = {
 # ACPI G2 soft-off to G3 mechanical-off for a Spot VM: "30 seconds for Spot VMs" (Compute
 # Engine API reference, Scheduling.skipGuestOsShutdown; docs/gcp.md "Preemption").
 PREEMPTION_WINDOW_S = 30.0
-# None beyond the protocol: Spot prices are the catalog's, read per pool; they hold for days
-# (no grid), and reading them calls no API.
-GCP_FEATURES: frozenset[ProviderFeature] = frozenset()
+# Beyond the protocol, the pools that refused capacity lately (a decision goes elsewhere); no
+# market view: Spot prices are the catalog's, read per pool; they hold for days (no grid), and
+# reading them calls no API.
+GCP_FEATURES: frozenset[ProviderFeature] = frozenset({ProviderFeature.CAPACITY_COOLDOWN})
 
 
 def zones_of(settings: Any) -> list[str]:
