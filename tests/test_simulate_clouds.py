@@ -55,12 +55,14 @@ JOB = ["--work-hours", "8", "--deadline-hours", "12", "--changeover-hours", "0.2
 
 
 def two_clouds(f: dict[str, Path], *extra: str) -> list[str]:
+    """The arguments of a run over both clouds with their own prices, on-demand $3/h."""
     return ["--trace", f"aws={f['aws']}", "--trace", f"gcp={f['gcp']}",
             "--prices", f"aws={f['aws_prices']}", "--prices", f"gcp={f['gcp_prices']}",
             "--od-price", "3", *JOB, *extra]
 
 
 def greedy_json(f: dict[str, Path], *extra: str) -> dict:
+    """`greedy` across both clouds, as --json reports it."""
     res = invoke(*two_clouds(f, "--policy", "greedy", "--json", *extra))
     assert res.exit_code == 0, res.output
     return json.loads(res.output)

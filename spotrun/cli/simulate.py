@@ -248,6 +248,7 @@ def _clouds_info(models: CloudModels) -> dict:
 
 
 def _print_clouds_table(models: CloudModels, summary: dict, elapsed_s: float) -> None:
+    """Each policy across the clouds beside each cloud alone, the saving, egress and moves."""
     from rich.console import Console
     from rich.table import Table
 

@@ -72,20 +72,21 @@ class CloudMoves:
             return []
         tick_h = market.tick_s / 3600.0
         too_late = slack_ticks < changeover_ticks + self.copy_ticks + 1
-        egress = self.egress_usd[ckpt]
-        prices = market.price_now()
+        egress_usd = self.egress_usd[ckpt]
+        prices_usd_per_hour = market.price_now()
         up, shut = market.up_now(), market.closed_now()
-        stay = min([self.od_usd_per_hour[ckpt]] + [
-            prices[j] for j, k in enumerate(self.pool_cloud)
+        stay_usd_per_hour = min([self.od_usd_per_hour[ckpt]] + [
+            prices_usd_per_hour[j] for j, k in enumerate(self.pool_cloud)
             if k == ckpt and up[j] and not (shut is not None and shut[j])])
         out = []
         for j, k in enumerate(self.pool_cloud):
             if k == ckpt:
                 continue
-            price = prices[j]
-            move_usd = egress + self.copy_ticks * tick_h * price
-            hours = min(max(remaining_ticks, 1) * tick_h, mean_hours_between_reclaims(market, j))
-            if too_late or price + move_usd / hours >= stay:
+            price_usd_per_hour = prices_usd_per_hour[j]
+            move_usd = egress_usd + self.copy_ticks * tick_h * price_usd_per_hour
+            horizon_h = min(max(remaining_ticks, 1) * tick_h,
+                            mean_hours_between_reclaims(market, j))
+            if too_late or price_usd_per_hour + move_usd / horizon_h >= stay_usd_per_hour:
                 out.append(market.pools[j])
         return out
 
