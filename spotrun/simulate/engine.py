@@ -19,7 +19,7 @@ def run_policy(model: SimModel, policy: Policy, start_row: int, *,
                record: bool = False) -> RunResult:
     """Drive policy over the window starting at start_row; record=True keeps decisions."""
     return replay(model.history, policy, start_row, model.work_ticks, model.deadline_ticks,
-                  model.changeover_ticks, record=record)
+                  model.changeover_ticks, record=record, moves=model.moves)
 
 
 class ScheduledPolicy:

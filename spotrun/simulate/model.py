@@ -15,6 +15,7 @@ import numpy as np
 
 from spotrun.errors import BadInputError
 from spotrun.decide.policy.history import MarketHistory
+from spotrun.decide.policy.moves import CloudMoves
 from spotrun.traces import PriceBook, Trace
 
 # Guards ceil/floor against float noise such as 886.0000000001 ticks.
@@ -30,6 +31,7 @@ class SimModel:
     work_ticks: int
     deadline_ticks: int
     changeover_ticks: int
+    moves: CloudMoves | None = None   # pools in several clouds (simulate/clouds.py)
 
     @property
     def tick_s(self) -> float:

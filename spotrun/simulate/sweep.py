@@ -30,6 +30,8 @@ class PolicyRuns:
     costs_usd: np.ndarray
     deadline_met: np.ndarray
     decisions: list[list[Decision]] | None = None
+    egress_usd: np.ndarray | None = None    # per run, included in costs_usd (several clouds)
+    moves: np.ndarray | None = None         # per run: checkpoint moves between clouds
 
     @property
     def mean_cost_usd(self) -> float:
@@ -63,15 +65,19 @@ class SimResult:
         return out
 
 
-def _task(args: tuple[str, np.ndarray, bool]) -> tuple[np.ndarray, np.ndarray, list | None]:
+_Part = tuple[np.ndarray, np.ndarray, list | None, np.ndarray | None, np.ndarray | None]
+
+
+def _task(args: tuple[str, np.ndarray, bool]) -> _Part:
     name, rows, record = args
     model = _MODEL
     assert model is not None
     if name == OPTIMAL:
         if not record:
             costs = optimal_costs(model, rows)
-            return costs, np.isfinite(costs), None
-        costs, met, decs = [], [], []
+            # The optimum prices no move: it runs across clouds only when moves are free.
+            return costs, np.isfinite(costs), None, np.zeros(len(costs)), None
+        costs, met, decs, moves = [], [], [], []
         for row in rows:
             cost, schedule = optimal_schedule(model, int(row))
             replay = run_policy(model, ScheduledPolicy(schedule), int(row), record=True)
@@ -81,15 +87,19 @@ def _task(args: tuple[str, np.ndarray, bool]) -> tuple[np.ndarray, np.ndarray, l
             costs.append(replay.cost_usd)
             met.append(replay.deadline_met)
             decs.append(replay.decisions)
-        return np.asarray(costs), np.asarray(met), decs
-    costs, met, decs = [], [], []
+            moves.append(replay.moves)
+        return np.asarray(costs), np.asarray(met), decs, np.zeros(len(costs)), np.asarray(moves)
+    costs, met, decs, egress, moves = [], [], [], [], []
     for row in rows:
         r = run_policy(model, make_policy(name), int(row), record=record)
         costs.append(r.cost_usd)
         met.append(r.deadline_met)
+        egress.append(r.egress_usd)
+        moves.append(r.moves)
         if record:
             decs.append(r.decisions)
-    return np.asarray(costs), np.asarray(met), (decs if record else None)
+    return (np.asarray(costs), np.asarray(met), (decs if record else None), np.asarray(egress),
+            np.asarray(moves))
 
 
 def run_policies(model: SimModel, start_rows: np.ndarray, policies: list[str], *,
@@ -99,6 +109,8 @@ def run_policies(model: SimModel, start_rows: np.ndarray, policies: list[str], *
     for name in policies:
         if name != OPTIMAL:
             make_policy(name)            # validates the name before any work
+        elif model.moves is not None and not model.moves.free:
+            raise SpotrunError("the optimum prices no move between clouds", field="optimal")
     _MODEL = model
     tasks = []
     chunk = max(_CHUNK_RUNS, -(-len(start_rows) // max(1, workers * 2)))
@@ -120,8 +132,12 @@ def run_policies(model: SimModel, start_rows: np.ndarray, policies: list[str], *
         decs = None
         if record:
             decs = [d for p in mine for d in (p[2] or [])]
+        known_moves = all(p[4] is not None for p in mine)
         result.runs[name] = PolicyRuns(name=name,
                                        costs_usd=np.concatenate([p[0] for p in mine]),
                                        deadline_met=np.concatenate([p[1] for p in mine]),
-                                       decisions=decs)
+                                       decisions=decs,
+                                       egress_usd=np.concatenate([p[3] for p in mine]),
+                                       moves=(np.concatenate([p[4] for p in mine])
+                                              if known_moves else None))
     return result
