@@ -7,9 +7,11 @@ it returns. Reads recompute the CRC32C of the bytes that arrived and raise Check
 when it differs from the object's, so a corrupted object or transfer is never handed on.
 Objects also carry their whole-object SHA256 in metadata (`sha256`), as on s3://.
 
-Large files go up as one resumable upload in chunks (each chunk a request; the object
-appears only when the last chunk lands, so readers never see a part), with a progress call
-after each chunk. put_if_absent is a create with `ifGenerationMatch=0`. Reads pin the
+put_bytes sends up to `single_request_max` bytes (a checkpoint's 64 MiB shard) as one
+single-request upload: metadata and data in one POST, so the object appears whole or not at
+all, and a failed try is simply sent again. Larger payloads, and large files, go up as one
+resumable upload in chunks (each chunk a request; the object appears only when the last chunk
+lands, so readers never see a part), with a progress call after each chunk. put_if_absent is a create with `ifGenerationMatch=0`. Reads pin the
 generation they looked up, so an overwrite during a chunked read fails it instead of mixing
 two versions.
 
@@ -34,7 +36,7 @@ from google.api_core.retry import Retry
 from google.cloud import storage
 from google.cloud.storage.retry import DEFAULT_RETRY
 from google.resumable_media import common as media_common
-from google.resumable_media.requests import ResumableUpload
+from google.resumable_media.requests import MultipartUpload, ResumableUpload
 
 from spotrun.errors import ChecksumMismatch, ConfigError, ObjectNotFound, StoreError
 from spotrun.store.base import (ObjectInfo, ProgressFn, StoreFeature, bucket_of, join_key,
@@ -66,6 +68,11 @@ META_SHA = "sha256"
 # Each chunk is a request and a round trip; at 16 MiB a 1.2 GB emergency save spent more time
 # waiting on chunk answers than sending (bench/emergency_gcs.py), inside a 30 s window.
 DEFAULT_CHUNK = 100 * 1024 * 1024
+# One request per put_bytes up to this size. A resumable upload costs a second request per
+# object (and a fake-gcs-server that rehashes the object at each chunk); a 64 MiB shard that
+# fails is cheaper to send again whole. The 1.2 GB emergency save's shards are 64 MiB, sent
+# by write_snapshot's writers at once (bench/emergency_gcs.py has both paths side by side).
+SINGLE_REQUEST_MAX = 256 * 1024 * 1024
 CHUNK_QUANTUM = 256 * 1024          # GCS: every resumable chunk but the last is a multiple
 _READ_CHUNK = 8 * 1024 * 1024
 _CONTENT_TYPE = "application/octet-stream"
@@ -79,7 +86,8 @@ class GcsStore:
     def __init__(self, bucket: str, prefix: str = "", *, client: Any = None,
                  chunk_size: int = DEFAULT_CHUNK,
                  resumable_threshold: int = 16 * 1024 * 1024, read_chunk: int = _READ_CHUNK,
-                 page_size: int = 1000, retry: Retry | None = None) -> None:
+                 page_size: int = 1000, retry: Retry | None = None,
+                 single_request_max: int = SINGLE_REQUEST_MAX) -> None:
         if not bucket:
             raise ConfigError("gs store needs a bucket", field="store_uri", value=bucket)
         self.bucket_name = bucket
@@ -92,6 +100,7 @@ class GcsStore:
         self.read_chunk = max(1, read_chunk)
         self.page_size = page_size
         self.retry = retry or DEFAULT_RETRY
+        self.single_request_max = single_request_max
         self.uri = f"gs://{bucket}/{self.prefix}" if self.prefix else f"gs://{bucket}"
 
     @classmethod
@@ -106,7 +115,8 @@ class GcsStore:
         return GcsStore(self.bucket_name, join_key(self.prefix, validate_key(prefix.strip("/"))),
                         client=self.client, chunk_size=self.chunk_size,
                         resumable_threshold=self.resumable_threshold,
-                        read_chunk=self.read_chunk, page_size=self.page_size, retry=self.retry)
+                        read_chunk=self.read_chunk, page_size=self.page_size, retry=self.retry,
+                        single_request_max=self.single_request_max)
 
     def _key(self, key: str) -> str:
         return join_key(self.prefix, validate_key(key))
@@ -114,7 +124,10 @@ class GcsStore:
     # ------------------------------------------------------------ writes
 
     def put_bytes(self, key: str, data: bytes) -> None:
-        """One upload (atomic in GCS), CRC32C-checked by the library."""
+        """One upload (atomic in GCS), CRC32C-checked; one request up to single_request_max."""
+        if len(data) <= self.single_request_max:
+            self._one_request(key, data)
+            return
         blob = self._blob(key, _sha(data))
         try:
             # Overwriting with the same bytes is idempotent, so a retried upload is safe.
@@ -122,6 +135,35 @@ class GcsStore:
                                     retry=self.retry)
         except Exception as exc:
             raise _wrap(exc, key) from None
+
+    def _one_request(self, key: str, data: bytes) -> None:
+        """A single-request (multipart) upload: the object's metadata, CRC32C and bytes in one
+        POST, retried whole by the store's retry; the stored size and CRC32C must be ours."""
+        crc = google_crc32c.Checksum(data)
+        # GCS checks the crc32c sent in the metadata against the bytes it received.
+        meta = {"name": self._key(key), "metadata": {META_SHA: _sha(data)},
+                "crc32c": _b64_crc(crc)}
+        url = (f"{self.client.api_endpoint}/upload/storage/v1/b/"
+               f"{quote(self.bucket_name, safe='')}/o?uploadType=multipart")
+
+        def attempt() -> dict[str, Any]:
+            upload = MultipartUpload(url)
+            # One try per attempt: self.retry decides about the next, as for every other call.
+            upload._retry_strategy = media_common.RetryStrategy(max_retries=0)
+            try:
+                return upload.transmit(self.client._http, data, dict(meta), _CONTENT_TYPE).json()
+            except media_common.InvalidResponse as exc:
+                # As an api_core error (503 -> ServiceUnavailable), so the retry predicate
+                # tells a passing failure from a final one.
+                raise gexc.from_http_response(exc.response) from None
+
+        try:
+            stored = self.retry(attempt)()
+        except Exception as exc:
+            raise _wrap(exc, key) from None
+        if int(stored.get("size", -1)) != len(data) or stored.get("crc32c") != meta["crc32c"]:
+            raise ChecksumMismatch("object stored differs from the bytes sent", field="key",
+                                   value=key)
 
     def put_if_absent(self, key: str, data: bytes) -> bool:
         """A create with ifGenerationMatch=0; False when the key already exists."""
