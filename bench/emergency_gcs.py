@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import signal
 import statistics
 import sys
@@ -50,8 +51,19 @@ GS = "gs:// one request/shard"
 GS_BEFORE = "gs:// resumable/shard"
 
 
-def emergency(w: Workload, store: Any, step: int) -> dict:
-    """A periodic save in flight, then the notice: seconds to the manifest and to verified."""
+def cpu_s(pid: int | None = None) -> float:
+    """CPU seconds used so far by this process, or by process pid (the emulator)."""
+    if pid is None:
+        r = resource.getrusage(resource.RUSAGE_SELF)
+        return r.ru_utime + r.ru_stime
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def emergency(w: Workload, store: Any, step: int, emu_pid: int) -> dict:
+    """A periodic save in flight, then the notice: seconds to the manifest and to verified,
+    and the CPU seconds this process and the emulator spent until the manifest (on a shared
+    box the wall time follows the load; the CPU time much less)."""
     ck = Checkpointer(model=w.model, optimizer=w.opt, store=store, interval_s=1e9, keep=2,
                       runtime=RuntimeOptions(env={}))
     ck.step(0)                               # sizes the buffer in the background
@@ -59,18 +71,19 @@ def emergency(w: Workload, store: Any, step: int) -> dict:
         w.step()
     ck.save(step)                            # periodic save, persisting in the background
     w.step()
-    t_sig = time.perf_counter()
+    t_sig, cpu0, emu0 = time.perf_counter(), cpu_s(), cpu_s(emu_pid)
     os.kill(os.getpid(), signal.SIGUSR1)
     w.step()                                 # the notice lands mid-step; handled at the boundary
     deadline = time.monotonic() + 120
     while not ck.guard.pending and time.monotonic() < deadline:   # taken by the watchdog
         time.sleep(0.001)
     ck.step(step + 2)
-    t_manifest = time.perf_counter()
+    t_manifest, cpu1, emu1 = time.perf_counter(), cpu_s(), cpu_s(emu_pid)
     verify(store, checkpoint_name(step + 2), deep=True)
     t_verified = time.perf_counter()
     ck.close()
     return {"notice_to_manifest_s": t_manifest - t_sig,
+            "client_cpu_s": cpu1 - cpu0, "emulator_cpu_s": emu1 - emu0,
             "notice_to_verified_s": t_verified - t_sig,
             "library_reported_s": ck.emergency_save_s}
 
@@ -104,19 +117,24 @@ def main(argv: list[str] | None = None) -> int:
                     bucket = emu.make_bucket(f"bench-{k}-{len(kind)}")
                     one = {} if kind == GS else {"single_request_max": 0}
                     store = GcsStore(bucket, f"run-{k}", client=emu.client(), **one)
-                r = emergency(w, store, 10 * (k + 1))
+                r = emergency(w, store, 10 * (k + 1), emu.proc.pid)
                 results[kind].append(r)
                 print(f"{kind:24} notice -> manifest {r['notice_to_manifest_s']:.2f} s, "
-                      f"verified {r['notice_to_verified_s']:.2f} s", flush=True)
+                      f"verified {r['notice_to_verified_s']:.2f} s; cpu to the manifest: "
+                      f"bench {r['client_cpu_s']:.2f} s, emulator {r['emulator_cpu_s']:.2f} s",
+                      flush=True)
         med = {kind: {key: statistics.median(r[key] for r in rs) for key in rs[0]}
                for kind, rs in results.items()}
         print(f"\n| {state / 1e9:.2f} GB state, median of {args.repeat}, load "
               f"{os.getloadavg()[0]:.1f} | {GS} | {GS_BEFORE} | file:// | ratio to file:// |"
               "\n|---|---|---|---|---|")
         for key, label in (("notice_to_manifest_s", "notice -> manifest, s"),
-                           ("notice_to_verified_s", "notice -> verified checkpoint, s")):
+                           ("notice_to_verified_s", "notice -> verified checkpoint, s"),
+                           ("client_cpu_s", "CPU to the manifest: bench process, s"),
+                           ("emulator_cpu_s", "CPU to the manifest: emulator, s")):
             g, b, f = med[GS][key], med[GS_BEFORE][key], med["file://"][key]
-            print(f"| {label} | {g:.2f} | {b:.2f} | {f:.2f} | x{g / f:.2f} (before x{b / f:.2f}) |")
+            ratio = f"x{g / f:.2f} (before x{b / f:.2f})" if f > 0.05 else "-"
+            print(f"| {label} | {g:.2f} | {b:.2f} | {f:.2f} | {ratio} |")
         g = med[GS]["notice_to_manifest_s"]
         print(f"\ncomplete inside GCP's {WINDOW_S:.0f} s window: {g < WINDOW_S} "
               f"({WINDOW_S - g:.1f} s to spare on this box); under {TARGET_S:.0f} s: {g < TARGET_S}")
