@@ -24,7 +24,9 @@ from __future__ import annotations
 import base64
 import hashlib
 import importlib
+import json
 import random
+import secrets
 import types
 from pathlib import Path
 from typing import Any, Iterator
@@ -36,7 +38,7 @@ from google.api_core.retry import Retry
 from google.cloud import storage
 from google.cloud.storage.retry import DEFAULT_RETRY
 from google.resumable_media import common as media_common
-from google.resumable_media.requests import MultipartUpload, ResumableUpload
+from google.resumable_media.requests import ResumableUpload
 
 from spotrun.errors import ChecksumMismatch, ConfigError, ObjectNotFound, StoreError
 from spotrun.store.base import (ObjectInfo, ProgressFn, StoreFeature, bucket_of, join_key,
@@ -75,13 +77,15 @@ DEFAULT_CHUNK = 100 * 1024 * 1024
 SINGLE_REQUEST_MAX = 256 * 1024 * 1024
 CHUNK_QUANTUM = 256 * 1024          # GCS: every resumable chunk but the last is a multiple
 _READ_CHUNK = 8 * 1024 * 1024
+_CRC_SLICE = 1024 * 1024            # copied for google-crc32c while it is still in the cache
 _CONTENT_TYPE = "application/octet-stream"
 
 
 class GcsStore:
     """A store rooted at gs://bucket/prefix."""
 
-    features = frozenset({StoreFeature.NETWORK})
+    # BUFFER_WRITES: put_bytes sends a snapshot's memoryview as it is (one request, no copy).
+    features = frozenset({StoreFeature.NETWORK, StoreFeature.BUFFER_WRITES})
 
     def __init__(self, bucket: str, prefix: str = "", *, client: Any = None,
                  chunk_size: int = DEFAULT_CHUNK,
@@ -123,11 +127,12 @@ class GcsStore:
 
     # ------------------------------------------------------------ writes
 
-    def put_bytes(self, key: str, data: bytes) -> None:
+    def put_bytes(self, key: str, data: Any) -> None:
         """One upload (atomic in GCS), CRC32C-checked; one request up to single_request_max."""
         if len(data) <= self.single_request_max:
             self._one_request(key, data)
             return
+        data = bytes(data)   # the library's resumable upload takes bytes only
         blob = self._blob(key, _sha(data))
         try:
             # Overwriting with the same bytes is idempotent, so a retried upload is safe.
@@ -136,32 +141,30 @@ class GcsStore:
         except Exception as exc:
             raise _wrap(exc, key) from None
 
-    def _one_request(self, key: str, data: bytes) -> None:
+    def _one_request(self, key: str, data: Any) -> None:
         """A single-request (multipart) upload: the object's metadata, CRC32C and bytes in one
         POST, retried whole by the store's retry; the stored size and CRC32C must be ours."""
-        crc = google_crc32c.Checksum(data)
+        view = memoryview(data).cast("B")
         # GCS checks the crc32c sent in the metadata against the bytes it received.
-        meta = {"name": self._key(key), "metadata": {META_SHA: _sha(data)},
-                "crc32c": _b64_crc(crc)}
+        meta = {"name": self._key(key), "metadata": {META_SHA: _sha(view)},
+                "crc32c": _crc_of(view)}
         url = (f"{self.client.api_endpoint}/upload/storage/v1/b/"
                f"{quote(self.bucket_name, safe='')}/o?uploadType=multipart")
 
         def attempt() -> dict[str, Any]:
-            upload = MultipartUpload(url)
-            # One try per attempt: self.retry decides about the next, as for every other call.
-            upload._retry_strategy = media_common.RetryStrategy(max_retries=0)
-            try:
-                return upload.transmit(self.client._http, data, dict(meta), _CONTENT_TYPE).json()
-            except media_common.InvalidResponse as exc:
-                # As an api_core error (503 -> ServiceUnavailable), so the retry predicate
-                # tells a passing failure from a final one.
-                raise gexc.from_http_response(exc.response) from None
+            body = _RelatedBody(meta, view)
+            resp = self.client._http.request("POST", url, data=body, headers=body.headers)
+            if resp.status_code != 200:
+                # An api_core error (503 -> ServiceUnavailable): the retry predicate tells a
+                # passing failure from a final one.
+                raise gexc.from_http_response(resp)
+            return resp.json()
 
         try:
             stored = self.retry(attempt)()
         except Exception as exc:
             raise _wrap(exc, key) from None
-        if int(stored.get("size", -1)) != len(data) or stored.get("crc32c") != meta["crc32c"]:
+        if int(stored.get("size", -1)) != len(view) or stored.get("crc32c") != meta["crc32c"]:
             raise ChecksumMismatch("object stored differs from the bytes sent", field="key",
                                    value=key)
 
@@ -329,6 +332,44 @@ def _sha(data: bytes) -> str:
 def _b64_crc(crc: Any) -> str:
     """GCS's crc32c form: base64 of the big-endian 4 bytes."""
     return base64.b64encode(crc.digest()).decode("ascii")
+
+
+def _crc_of(view: memoryview) -> str:
+    """GCS-form CRC32C of a buffer; google-crc32c takes only bytes, so a slice at a time."""
+    crc = google_crc32c.Checksum()
+    for at in range(0, len(view), _CRC_SLICE):
+        crc.update(bytes(view[at:at + _CRC_SLICE]))
+    return _b64_crc(crc)
+
+
+class _RelatedBody:
+    """A multipart/related upload body (JSON metadata, then the bytes) that requests streams
+    straight from the caller's buffer: a 64 MiB shard is not copied into a new body."""
+
+    def __init__(self, meta: dict[str, Any], view: memoryview) -> None:
+        # A boundary of our own: not drawn from the job's `random` stream.
+        boundary = f"spotrun-{secrets.token_hex(16)}".encode()
+        sep = b"--" + boundary
+        head = (sep + b"\r\ncontent-type: application/json; charset=UTF-8\r\n\r\n"
+                + json.dumps(meta).encode() + b"\r\n" + sep
+                + b"\r\ncontent-type: " + _CONTENT_TYPE.encode() + b"\r\n\r\n")
+        self._parts = [memoryview(head), view, memoryview(b"\r\n" + sep + b"--")]
+        self._len = sum(len(p) for p in self._parts)
+        self.headers = {"content-type": f'multipart/related; boundary="{boundary.decode()}"'}
+
+    def __len__(self) -> int:
+        return self._len
+
+    def read(self, size: int = -1) -> memoryview | bytes:
+        """The next slice of the body (a view, no copy); b"" at the end."""
+        while self._parts and not len(self._parts[0]):
+            self._parts.pop(0)
+        if not self._parts:
+            return b""
+        part = self._parts[0]
+        n = len(part) if size is None or size < 0 else min(size, len(part))
+        self._parts[0] = part[n:]
+        return part[:n]
 
 
 def _file_digests(path: Path) -> tuple[str, str]:
