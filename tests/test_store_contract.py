@@ -163,7 +163,8 @@ def test_open_store_by_uri(store):
 
 # What each store declares beyond the protocol (spotrun.store.base.StoreFeature).
 DECLARED = {FileStore: {StoreFeature.LOCAL_PATH, StoreFeature.BUFFER_WRITES},
-            S3Store: {StoreFeature.NETWORK}, GcsStore: {StoreFeature.NETWORK}}
+            S3Store: {StoreFeature.NETWORK},
+            GcsStore: {StoreFeature.NETWORK, StoreFeature.BUFFER_WRITES}}
 
 
 def test_declares_its_features_and_has_a_method_only_for_a_declared_one(store):

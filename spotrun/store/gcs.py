@@ -7,9 +7,11 @@ it returns. Reads recompute the CRC32C of the bytes that arrived and raise Check
 when it differs from the object's, so a corrupted object or transfer is never handed on.
 Objects also carry their whole-object SHA256 in metadata (`sha256`), as on s3://.
 
-Large files go up as one resumable upload in chunks (each chunk a request; the object
-appears only when the last chunk lands, so readers never see a part), with a progress call
-after each chunk. put_if_absent is a create with `ifGenerationMatch=0`. Reads pin the
+put_bytes sends up to `single_request_max` bytes (a checkpoint's 64 MiB shard) as one
+single-request upload: metadata and data in one POST, so the object appears whole or not at
+all, and a failed try is simply sent again. Larger payloads, and large files, go up as one
+resumable upload in chunks (each chunk a request; the object appears only when the last chunk
+lands, so readers never see a part), with a progress call after each chunk. put_if_absent is a create with `ifGenerationMatch=0`. Reads pin the
 generation they looked up, so an overwrite during a chunked read fails it instead of mixing
 two versions.
 
@@ -22,7 +24,9 @@ from __future__ import annotations
 import base64
 import hashlib
 import importlib
+import json
 import random
+import secrets
 import types
 from pathlib import Path
 from typing import Any, Iterator
@@ -66,8 +70,14 @@ META_SHA = "sha256"
 # Each chunk is a request and a round trip; at 16 MiB a 1.2 GB emergency save spent more time
 # waiting on chunk answers than sending (bench/emergency_gcs.py), inside a 30 s window.
 DEFAULT_CHUNK = 100 * 1024 * 1024
+# One request per put_bytes up to this size. A resumable upload costs a second request per
+# object (and a fake-gcs-server that rehashes the object at each chunk); a 64 MiB shard that
+# fails is cheaper to send again whole. The 1.2 GB emergency save's shards are 64 MiB, sent
+# by write_snapshot's writers at once (bench/emergency_gcs.py has both paths side by side).
+SINGLE_REQUEST_MAX = 256 * 1024 * 1024
 CHUNK_QUANTUM = 256 * 1024          # GCS: every resumable chunk but the last is a multiple
 _READ_CHUNK = 8 * 1024 * 1024
+_CRC_SLICE = 1024 * 1024            # copied for google-crc32c while it is still in the cache
 _CONTENT_TYPE = "application/octet-stream"
 
 
@@ -85,12 +95,14 @@ class GcsStore(CloudPutFile):
 
     _error = staticmethod(_wrap)   # CloudPutFile: the library's errors as the store's
 
-    features = frozenset({StoreFeature.NETWORK})
+    # BUFFER_WRITES: put_bytes sends a snapshot's memoryview as it is (one request, no copy).
+    features = frozenset({StoreFeature.NETWORK, StoreFeature.BUFFER_WRITES})
 
     def __init__(self, bucket: str, prefix: str = "", *, client: Any = None,
                  chunk_size: int = DEFAULT_CHUNK,
                  resumable_threshold: int = 16 * 1024 * 1024, read_chunk: int = _READ_CHUNK,
-                 page_size: int = 1000, retry: Retry | None = None) -> None:
+                 page_size: int = 1000, retry: Retry | None = None,
+                 single_request_max: int = SINGLE_REQUEST_MAX) -> None:
         if not bucket:
             raise ConfigError("gs store needs a bucket", field="store_uri", value=bucket)
         self.bucket_name = bucket
@@ -103,6 +115,7 @@ class GcsStore(CloudPutFile):
         self.read_chunk = max(1, read_chunk)
         self.page_size = page_size
         self.retry = retry or DEFAULT_RETRY
+        self.single_request_max = single_request_max
         self.uri = f"gs://{bucket}/{self.prefix}" if self.prefix else f"gs://{bucket}"
 
     @classmethod
@@ -117,15 +130,20 @@ class GcsStore(CloudPutFile):
         return GcsStore(self.bucket_name, join_key(self.prefix, validate_key(prefix.strip("/"))),
                         client=self.client, chunk_size=self.chunk_size,
                         resumable_threshold=self.resumable_threshold,
-                        read_chunk=self.read_chunk, page_size=self.page_size, retry=self.retry)
+                        read_chunk=self.read_chunk, page_size=self.page_size, retry=self.retry,
+                        single_request_max=self.single_request_max)
 
     def _key(self, key: str) -> str:
         return join_key(self.prefix, validate_key(key))
 
     # ------------------------------------------------------------ writes
 
-    def put_bytes(self, key: str, data: bytes) -> None:
-        """One upload (atomic in GCS), CRC32C-checked by the library."""
+    def put_bytes(self, key: str, data: Any) -> None:
+        """One upload (atomic in GCS), CRC32C-checked; one request up to single_request_max."""
+        if len(data) <= self.single_request_max:
+            self._one_request(key, data)
+            return
+        data = bytes(data)   # the library's resumable upload takes bytes only
         blob = self._blob(key, _sha(data))
         try:
             # Overwriting with the same bytes is idempotent, so a retried upload is safe.
@@ -133,6 +151,33 @@ class GcsStore(CloudPutFile):
                                     retry=self.retry)
         except Exception as exc:
             raise _wrap(exc, key) from None
+
+    def _one_request(self, key: str, data: Any) -> None:
+        """A single-request (multipart) upload: the object's metadata, CRC32C and bytes in one
+        POST, retried whole by the store's retry; the stored size and CRC32C must be ours."""
+        view = memoryview(data).cast("B")
+        # GCS checks the crc32c sent in the metadata against the bytes it received.
+        meta = {"name": self._key(key), "metadata": {META_SHA: _sha(view)},
+                "crc32c": _crc_of(view)}
+        url = (f"{self.client.api_endpoint}/upload/storage/v1/b/"
+               f"{quote(self.bucket_name, safe='')}/o?uploadType=multipart")
+
+        def attempt() -> dict[str, Any]:
+            body = _RelatedBody(meta, view)
+            resp = self.client._http.request("POST", url, data=body, headers=body.headers)
+            if resp.status_code != 200:
+                # An api_core error (503 -> ServiceUnavailable): the retry predicate tells a
+                # passing failure from a final one.
+                raise gexc.from_http_response(resp)
+            return resp.json()
+
+        try:
+            stored = self.retry(attempt)()
+        except Exception as exc:
+            raise _wrap(exc, key) from None
+        if int(stored.get("size", -1)) != len(view) or stored.get("crc32c") != meta["crc32c"]:
+            raise ChecksumMismatch("object stored differs from the bytes sent", field="key",
+                                   value=key)
 
     def put_if_absent(self, key: str, data: bytes) -> bool:
         """A create with ifGenerationMatch=0; False when the key already exists."""
@@ -293,6 +338,44 @@ def _sha(data: bytes) -> str:
 def _b64_crc(crc: Any) -> str:
     """GCS's crc32c form: base64 of the big-endian 4 bytes."""
     return base64.b64encode(crc.digest()).decode("ascii")
+
+
+def _crc_of(view: memoryview) -> str:
+    """GCS-form CRC32C of a buffer; google-crc32c takes only bytes, so a slice at a time."""
+    crc = google_crc32c.Checksum()
+    for at in range(0, len(view), _CRC_SLICE):
+        crc.update(bytes(view[at:at + _CRC_SLICE]))
+    return _b64_crc(crc)
+
+
+class _RelatedBody:
+    """A multipart/related upload body (JSON metadata, then the bytes) that requests streams
+    straight from the caller's buffer: a 64 MiB shard is not copied into a new body."""
+
+    def __init__(self, meta: dict[str, Any], view: memoryview) -> None:
+        # A boundary of our own: not drawn from the job's `random` stream.
+        boundary = f"spotrun-{secrets.token_hex(16)}".encode()
+        sep = b"--" + boundary
+        head = (sep + b"\r\ncontent-type: application/json; charset=UTF-8\r\n\r\n"
+                + json.dumps(meta).encode() + b"\r\n" + sep
+                + b"\r\ncontent-type: " + _CONTENT_TYPE.encode() + b"\r\n\r\n")
+        self._parts = [memoryview(head), view, memoryview(b"\r\n" + sep + b"--")]
+        self._len = sum(len(p) for p in self._parts)
+        self.headers = {"content-type": f'multipart/related; boundary="{boundary.decode()}"'}
+
+    def __len__(self) -> int:
+        return self._len
+
+    def read(self, size: int = -1) -> memoryview | bytes:
+        """The next slice of the body (a view, no copy); b"" at the end."""
+        while self._parts and not len(self._parts[0]):
+            self._parts.pop(0)
+        if not self._parts:
+            return b""
+        part = self._parts[0]
+        n = len(part) if size is None or size < 0 else min(size, len(part))
+        self._parts[0] = part[n:]
+        return part[:n]
 
 
 def _file_digests(path: Path) -> tuple[str, str]:
