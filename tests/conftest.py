@@ -23,11 +23,20 @@ import json, os, subprocess, sys, time
 json.dump({k: v for k, v in os.environ.items() if k.startswith("SPOTRUN_")},
           open("env.json", "w"))
 kids = []
+loop = "import time\nwhile True: time.sleep(0.2)"
 if os.environ.get("TEST_INSTANCE_CHILDREN"):
-    loop = "import time\nwhile True: time.sleep(0.2)"
     kids.append(subprocess.Popen([sys.executable, "-c", loop]).pid)          # same group
     kids.append(subprocess.Popen([sys.executable, "-c", loop],
                                  start_new_session=True).pid)              # own session
+if os.environ.get("TEST_INSTANCE_ORPHAN"):
+    # A daemonised helper: its own session, no environment (no instance marker), and its
+    # parent gone before any kill, so only its ancestry says whose it is.
+    spawn = ("import subprocess, sys\n"
+             "print(subprocess.Popen([sys.executable, '-c', sys.argv[1]], env={},"
+             " start_new_session=True, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,"
+             " stderr=subprocess.DEVNULL).pid)")
+    kids.append(int(subprocess.run([sys.executable, "-c", spawn, loop], capture_output=True,
+                                   text=True, check=True).stdout))
 json.dump(kids, open("children.json.tmp", "w"))
 os.replace("children.json.tmp", "children.json")
 while not os.path.exists("stop"):
@@ -83,7 +92,7 @@ def kill_leftovers(state_dir: Path) -> None:
     if (state_dir / DB_FILE).exists():
         state = MarketState(state_dir)
         for rec in state.all():
-            procs.signal_instance(rec.instance_id, rec.pid, rec.pid_start_ticks, signal.SIGKILL)
+            procs.kill_instance(rec.instance_id, rec.pid, rec.pid_start_ticks)
         state.close()
 
 

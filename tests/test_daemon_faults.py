@@ -16,6 +16,7 @@ import pytest
 from spotrun.config import load_settings
 from spotrun.daemon.app import build_context, build_runner
 from spotrun.db import Job, attempts_of, session
+from spotrun.providers.local.market import procs
 from spotrun.states import AttemptState, EndReason, JobState
 from spotrun.store import open_store
 
@@ -93,7 +94,9 @@ def test_silent_instance_is_terminated_and_replaced(daemon, tmp_home, tmp_path):
                                    if a.state is AttemptState.RUNNING and a.last_step > 0), None),
                      60, "the first attempt to make progress")
     recs = ctx.provider.client.instances(ids=[first.instance_id])
-    agent_pid = recs[0]["pid"]
+    # The instance's leader is its init (instance_init.py); the agent is its child.
+    [agent_pid] = [int(p) for p in os.listdir("/proc") if p.isdigit()
+                   and (procs.stat_fields(int(p)) or ["", ""])[1] == str(recs[0]["pid"])]
     os.kill(agent_pid, signal.SIGSTOP)    # the agent hangs: no more heartbeats
     done = _done(ctx, job_id)
     runner.stop(wait=True)

@@ -127,6 +127,31 @@ def test_lightning_job_state_through_reclaims_on_the_local_provider(tmp_home: Pa
         assert (dest / METRICS).read_bytes() == ref_csv
 
 
+def test_a_gated_attempt_noticed_before_its_gate_waits_for_the_reclaim(tmp_path: Path):
+    """The daemon test interrupts attempt 1 once it reports step 12; under load the notice can
+    land before the gate holds the validation after it. The job must still stop after its
+    emergency save until the reclaim: trained on, it reached max_steps inside the notice window,
+    its final checkpoint was the resume point, and attempt 2 had nothing left to train.
+    Direct process; the notice file is written before it starts (a notice before the gate)."""
+    from polling import wait_for
+    from spotrun.checkpoints import list_complete, read_manifest
+    from spotrun.store import open_store
+    uri = (tmp_path / "store").as_uri()
+    run = tmp_path / "a1"
+    run.mkdir()
+    (run / "notice.json").write_text('{"action": "terminate"}')
+    proc = start("lightning_best_train.py", run,
+                 clean_env(SPOTRUN_CHECKPOINT_URI=uri, SPOTRUN_ATTEMPT="1",
+                           SPOTRUN_NOTICE_FILE=str(run / "notice.json"),
+                           WORKLOAD_GATE_STEP="1:12"), "--steps", str(STEPS))
+    waiting = run / "waiting-for-reclaim"
+    wait_for(lambda: waiting.exists() or proc.poll() is not None, 120, "the job to wait or end")
+    assert waiting.exists(), (run / "output.log").read_text()[-3000:]
+    store = open_store(uri)
+    assert [read_manifest(store, n).step for n in list_complete(store)] == [
+        int(waiting.read_text())]   # the emergency save, and nothing trained past it
+
+
 def test_lightning_notice_in_the_last_validation_is_rerun_by_the_resume(tmp_path: Path, plain):
     """The notice comes in the validation after the last step (max_steps=36, an epoch's end),
     where a resumed Lightning fit would stop before that validation: the resume in a fresh job

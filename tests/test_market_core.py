@@ -6,9 +6,12 @@ Instances are real processes; the market's HTTP server runs on 127.0.0.1 in a th
 from __future__ import annotations
 
 import json
+import os
+import signal
 import threading
 import urllib.error
 import urllib.request
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -134,6 +137,53 @@ def test_reclaim_kills_every_process_of_the_instance(rig: Rig, monkeypatch: Any)
     assert len(kids) == 2 and all(procs.is_alive(k, None) for k in kids)
     rig.at(4 * TICK_S)
     wait_for(lambda: not any(procs.is_alive(k, None) for k in kids), what="children killed")
+
+
+def _ended(rig: Rig, iid: str) -> bool:
+    rig.market.step()
+    return rig.market.state.get(iid).state is InstanceState.TERMINATED  # type: ignore
+
+
+@contextmanager
+def _orphan(rig: Rig, monkeypatch: Any, **launch: Any) -> Iterator[tuple[str, int, int | None]]:
+    """An instance with a daemonised helper (conftest: TEST_INSTANCE_ORPHAN); the helper is
+    killed afterwards whatever the test saw, so an escaped one does not outlive it."""
+    monkeypatch.setenv("TEST_INSTANCE_ORPHAN", "1")
+    iid = rig.launch(**launch)["instance_id"]
+    [pid] = _children(rig, iid)
+    ticks = procs.start_ticks(pid)
+    try:
+        assert procs.is_alive(pid, ticks)
+        yield iid, pid, ticks
+    finally:
+        if procs.is_alive(pid, ticks):
+            os.kill(pid, signal.SIGKILL)
+
+
+def test_reclaim_kills_a_daemonised_helper_that_dropped_the_instance_env(
+        rig: Rig, monkeypatch: Any) -> None:
+    with _orphan(rig, monkeypatch) as (_, pid, ticks):
+        rig.at(4 * TICK_S)
+        wait_for(lambda: not procs.is_alive(pid, ticks), what="the helper killed")
+
+
+def test_terminate_kills_a_daemonised_helper_that_dropped_the_instance_env(
+        rig: Rig, monkeypatch: Any) -> None:
+    # The workload dies of the SIGTERM at once: the rest goes with it, as in a VM's shutdown.
+    with _orphan(rig, monkeypatch, market="on-demand") as (iid, pid, ticks):
+        rig.client.terminate(iid)
+        wait_for(lambda: _ended(rig, iid) and not procs.is_alive(pid, ticks),
+                 what="the instance ended, the helper killed")
+        assert rig.market.state.get(iid).cause is TerminationCause.USER  # type: ignore
+
+
+def test_an_instance_that_shuts_down_leaves_no_daemonised_helper(rig: Rig,
+                                                                 monkeypatch: Any) -> None:
+    with _orphan(rig, monkeypatch, market="on-demand") as (iid, pid, ticks):
+        (_disk(rig, iid) / "stop").write_text("")
+        wait_for(lambda: _ended(rig, iid) and not procs.is_alive(pid, ticks),
+                 what="the instance ended, the helper killed")
+        assert rig.market.state.get(iid).cause is TerminationCause.INSTANCE_SHUTDOWN  # type: ignore
 
 
 def test_spot_refused_in_unavailable_pool_first_candidate_with_capacity_wins(rig: Rig) -> None:

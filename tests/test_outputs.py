@@ -180,6 +180,21 @@ def test_a_notice_written_before_the_callback_existed_is_seen(tmp_path):
     assert not fresh.pending
 
 
+def test_a_notice_signalled_before_its_file_was_read_is_one_notice(tmp_path):
+    """The agent writes the notice file, then signals; when the signal is handled before
+    anything looked at the file, the file is still that notice: one emergency save, not two."""
+    from spotrun.integrations._common import Notice
+    path = tmp_path / "notice.json"
+    path.write_text('{"action": "terminate"}')
+    notice = Notice(install=False, notice_file=str(path))
+    notice.set()                           # what the SIGUSR1 handler does
+    assert notice.pending
+    notice.clear()                         # the emergency save
+    assert not notice.pending
+    os.utime(path, (1.0, 1.0))             # a later write of the file is a new notice
+    assert notice.pending
+
+
 def test_pull_on_a_fresh_home_writes_nothing(tmp_home: Path):
     out = CliRunner().invoke(cli, ["pull", "no-such-job"])
     assert out.exit_code == 2 and "Traceback" not in out.output

@@ -61,14 +61,19 @@ class Notice:
         if callable(self._prev):   # a handler the program had before keeps working
             self._prev(signum, frame)
 
+    def _file_mtime(self) -> float | None:
+        if not self._file:
+            return None
+        try:
+            return os.stat(self._file).st_mtime
+        except OSError:
+            return None
+
     @property
     def pending(self) -> bool:
         """True from the notice (signal, or the agent's notice file) until `clear()`."""
-        if self.at is None and self._file:
-            try:
-                mtime = os.stat(self._file).st_mtime
-            except OSError:
-                mtime = None
+        if self.at is None:
+            mtime = self._file_mtime()
             if mtime is not None and mtime != self._file_seen:
                 self._file_seen = mtime      # one notice per write of the file
                 self.at = time.monotonic()
@@ -82,6 +87,11 @@ class Notice:
         """Forget the notice; returns seconds since it arrived."""
         took = time.monotonic() - (self.at if self.at is not None else time.monotonic())
         self.at = None
+        # The agent writes the file, then signals: a notice the signal brought first is that
+        # write too, not a second notice to save for again.
+        mtime = self._file_mtime()
+        if mtime is not None:
+            self._file_seen = mtime
         return took
 
     def uninstall(self) -> None:

@@ -38,7 +38,6 @@ class Gate(TrainerCallback):
         self.spot = spot
         self.eval_gate = self._gate("WORKLOAD_GATE_STEP")
         self.train_gate = self._gate("WORKLOAD_TRAIN_GATE_STEP")
-        self.held = False
 
     @staticmethod
     def _gate(name):
@@ -52,7 +51,6 @@ class Gate(TrainerCallback):
     def _hold(self, state, marker):
         if self.spot.emergency_steps:
             return
-        self.held = True
         self.spot.progress.step(state.global_step, force=True)
         Path(marker).write_text(str(state.global_step))
         deadline = time.monotonic() + 60
@@ -60,8 +58,10 @@ class Gate(TrainerCallback):
             time.sleep(0.01)
 
     def _tail(self):
-        # After the emergency save the job would go on until the reclaim; here it waits for it.
-        if self.held and self.spot.emergency_steps:
+        # After the emergency save the job would go on until the reclaim; a gated one waits for
+        # it, also when the notice came before the gate held it (the daemon's test interrupts
+        # as soon as the gate's step is reported; under load the notice can overtake the hold).
+        if (self.eval_gate or self.train_gate) and self.spot.emergency_steps:
             deadline = time.monotonic() + 120
             while time.monotonic() < deadline:
                 time.sleep(0.05)

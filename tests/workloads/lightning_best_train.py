@@ -3,7 +3,8 @@
 The same script plus ResumableDataLoader (DataLoader's arguments), SpotrunCallback and
 ckpt_path(); prints the same result lines. WORKLOAD_GATE_STEP / WORKLOAD_TRAIN_GATE_STEP
 ('N' or 'A:N': only in attempt A) hold the validation after step N, or training after step N,
-until the notice has come; after the emergency save the job waits for its reclaim.
+until the notice has come; after the emergency save a gated attempt waits for its reclaim
+(./waiting-for-reclaim holds the step), wherever the notice found it.
 WORKLOAD_NOTICE_AT ('train:N', or 'val:N[:B]' for the validation's batch B) gives the
 process the notice itself after that step or batch and exits at once after the emergency
 save, without any flush (the kill, in one process).
@@ -73,7 +74,7 @@ class Gate(L.Callback):
     """Holds the run at a chosen point until the notice has come, then until the kill."""
 
     def __init__(self, spot):
-        self.spot, self.held = spot, False
+        self.spot, self.waiting = spot, False
         self.eval_gate = gate("WORKLOAD_GATE_STEP")
         self.train_gate = gate("WORKLOAD_TRAIN_GATE_STEP")
         where, _, rest = (os.environ.get("WORKLOAD_NOTICE_AT") or ":0").partition(":")
@@ -83,7 +84,6 @@ class Gate(L.Callback):
     def _hold(self, step, marker):
         if self.spot.emergency_steps:
             return
-        self.held = True
         self.spot.progress.step(step, force=True)
         Path(marker).write_text(str(step))
         deadline = time.monotonic() + 60
@@ -94,7 +94,13 @@ class Gate(L.Callback):
         if self.spot.emergency_steps and self.notice_at[1]:
             print("exiting after the emergency save", self.spot.emergency_steps, flush=True)
             os._exit(0)
-        if self.held and self.spot.emergency_steps:   # the job would go on until the reclaim
+        # The job would go on until the reclaim; a gated one waits for it instead, also when
+        # the notice came before the gate held it: the daemon's test interrupts as soon as
+        # the gate's step is reported, and under load the notice can overtake the hold.
+        if (self.eval_gate or self.train_gate) and self.spot.emergency_steps:
+            if not self.waiting:
+                self.waiting = True
+                Path("waiting-for-reclaim").write_text(str(self.spot.emergency_steps[-1][0]))
             deadline = time.monotonic() + 120
             while time.monotonic() < deadline:
                 time.sleep(0.05)

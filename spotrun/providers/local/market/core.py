@@ -364,10 +364,7 @@ class Market:
     def _end(self, rec: InstanceRecord, cause: TerminationCause, ended_at: float,
              kill: bool) -> None:
         if kill:
-            # Twice: a process forked during the first sweep is caught by the second.
-            for _ in range(2):
-                procs.signal_instance(rec.instance_id, rec.pid, rec.pid_start_ticks,
-                                      signal.SIGKILL)
+            procs.kill_instance(rec.instance_id, rec.pid, rec.pid_start_ticks)
         self.state.save(rec.with_(state=InstanceState.TERMINATED, cause=cause,
                                   ended_at=max(ended_at, rec.launched_at)))
         self._starting.pop(rec.instance_id, None)
