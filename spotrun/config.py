@@ -362,10 +362,10 @@ def _check_providers(names: tuple[str, ...]) -> None:
     if len(set(names)) != len(names):
         raise ConfigError("a provider is listed twice; allowed: each once", field="providers",
                           value=list(names))
-    if "local" in names and len(names) > 1:
-        raise ConfigError("`local` simulates one market and runs alone; allowed: clouds "
-                          "together (aws, gcp) or local alone", field="providers",
-                          value=list(names))
+    alone = [n for n in names if FACTS[n].runs_alone]
+    if alone and len(names) > 1:
+        raise ConfigError(f"`{alone[0]}` runs alone; allowed: clouds together (aws, gcp) or "
+                          f"{alone[0]} alone", field="providers", value=list(names))
 
 
 def _set_dotted(raw: dict[str, Any], key: str, value: Any) -> None:

@@ -157,6 +157,9 @@ def test_lost_steps_equal_the_steps_the_log_shows_twice_and_causes_add_up(rig):
         else:
             raise AssertionError("log, heartbeat and database never agreed on the last step")
         client.interrupt(att.instance_id, in_s=0.0, notice=True)   # the reclaim
+        # Stopped until the reclaim has killed it: let go earlier, it could print a step that
+        # no heartbeat reports before the kill lands (the kill takes a moment).
+        wait_for(lambda: not _alive(pgid), 60, "the reclaim to kill the training process")
     finally:
         try:
             os.killpg(pgid, signal.SIGCONT)   # the reclaim kills it; never leave it stopped
@@ -184,6 +187,23 @@ def test_lost_steps_equal_the_steps_the_log_shows_twice_and_causes_add_up(rig):
     assert abs(ja.causes_total_usd() - ja.actual_usd) < 1e-4
     assert abs(sum(a.instance_usd for a in ja.attempts) + ja.storage_usd + ja.volume_usd
                + ja.other_usd - ja.actual_usd) < 1e-9
+
+
+def _alive(pgid: int) -> bool:
+    """True while a process of the group lives (stopped ones count; zombies do not)."""
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    return any(int(p) for p in os.listdir("/proc") if p.isdigit() and _in_group(int(p), pgid))
+
+
+def _in_group(pid: int, pgid: int) -> bool:
+    try:
+        fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    except OSError:
+        return False
+    return int(fields[2]) == pgid and fields[0] != "Z"
 
 
 def _job(ctx, job_id: str) -> Job:

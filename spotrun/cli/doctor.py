@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import click
 
 from spotrun.cli.common import echo_json, get_settings, json_option
 from spotrun.db.migrations import LATEST
 from spotrun.db.probe import probe
+from spotrun.clouds import cloud_settings
 from spotrun.providers.facts import facts_for
 
 
@@ -25,15 +28,20 @@ def doctor(as_json: bool) -> None:
     any needs a fix."""
     settings = get_settings()
     db = database_check(settings)
-    cloud_checks = facts_for(settings).doctor
-    if cloud_checks is None:
-        checks = []
-        message = f"provider is {settings.provider!r}: nothing to check in a cloud"
-    else:
-        checks = cloud_checks(settings)
-        message = ""
+    checks, message = [], ""
+    several = len(settings.clouds) > 1
+    for cloud in settings.clouds:
+        view = cloud_settings(settings, cloud)
+        cloud_checks = facts_for(view).doctor
+        if cloud_checks is None:
+            message = f"provider is {cloud!r}: nothing to check in a cloud"
+            continue
+        # Several clouds: each cloud's checks, named for it (a cloud whose credentials fail
+        # shows here; the daemon leaves its candidates out with the reason meanwhile).
+        checks += [dataclasses.replace(c, name=f"{cloud}: {c.name}") if several else c
+                   for c in cloud_checks(view)]
     if as_json:
-        echo_json({"provider": settings.provider,
+        echo_json({"provider": settings.provider, "providers": list(settings.clouds),
                    "checks": [db] + [c.to_dict() for c in checks], "message": message})
     else:
         from rich.console import Console

@@ -37,6 +37,7 @@ from spotrun.decide.quarantine import recent_notices
 from spotrun.providers.facts import facts_for
 from spotrun.daemon.moves import resume_location
 from spotrun.zones import known_zones
+from spotrun.errors import SpotrunError
 from spotrun.spec import JobSpec
 from spotrun.states import EndReason
 
@@ -92,7 +93,13 @@ def across_clouds(ctx: DaemonContext, job: Job, spec: JobSpec,
         if cut is None:
             left[cloud] = why
             continue
-        placed[cloud] = _decide_in(peer, job, cut.spec, inputs.peer(cloud))
+        try:
+            placed[cloud] = _decide_in(peer, job, cut.spec, inputs.peer(cloud))
+        except SpotrunError as exc:
+            # A cloud that cannot be read now (credentials, its API down) takes no part in
+            # this decision; the others go on (`spotrun doctor` names what to fix).
+            left[cloud] = f"its market could not be read ({exc})"
+            continue
         units[cloud] = cut.unit
     if not placed:
         home = inputs.peer(ctx.cloud)
@@ -279,15 +286,18 @@ class Decisions:
             market = inputs.market(zones)
             return (history_key(job, attempts), inputs.source.fingerprint(zones, types),
                     inputs.fleet(), inputs.risk_version(types, market.zones))
-        markets = []
+        markets: list[Any] = []
         for cloud, peer in inputs.ctx.peers.items():
             pin = inputs.peer(cloud)
             types = tuple(t for t in spec.resources.instance_types if t in pin.catalog) \
                 or tuple(pin.catalog.names())
             own = tuple(z for z in zones or () if z in known_zones(peer.settings)) or None
-            market = pin.market(own)
-            markets.append((pin.source.fingerprint(own, types),
-                            pin.risk_version(types, market.zones)))
+            try:
+                market = pin.market(own)
+                markets.append((pin.source.fingerprint(own, types),
+                                pin.risk_version(types, market.zones)))
+            except SpotrunError as exc:   # unreadable now: decided without it (across_clouds)
+                markets.append(("unreadable", cloud, str(exc)))
         return (history_key(job, attempts), tuple(markets), inputs.fleet())
 
     def standing(self, job: Job, spec: JobSpec, key: tuple[Any, ...], inputs: PassInputs,

@@ -317,6 +317,9 @@ class ProviderFacts:
     # This cloud's own store when one daemon places jobs on several clouds (settings
     # `<provider>.store_uri`; "": the top-level store_uri, the first cloud's).
     store_uri: Callable[[Any], str] = lambda st: ""
+    # A provider that cannot share a daemon with others (the local market simulates one whole
+    # market on this machine, in its own clock): settings `providers` may name it only alone.
+    runs_alone: bool = False
 
 
 class MarketTruth(Protocol):

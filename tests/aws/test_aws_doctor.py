@@ -63,3 +63,34 @@ def test_doctor_says_what_to_fix(aws_settings, moto, tmp_path, monkeypatch):
         assert checks[name]["status"] == "fix", checks[name]
     assert "us-east-1c=" in checks["subnets"]["detail"]
     assert "doctor-bkt" in checks["store"]["detail"]
+
+
+def test_doctor_checks_every_cloud_and_names_the_one_that_fails(aws_settings, moto, tmp_path,
+                                                                monkeypatch):
+    """Several clouds (docs/clouds.md): each cloud's checks, named for it; a cloud whose API
+    cannot be reached is reported, not a crash."""
+    import socket
+    make_client("s3", region="us-east-1", endpoint_url=moto.url).create_bucket(
+        Bucket="doctor-bkt")
+    with socket.socket() as s:   # a port nothing listens on: GCP's API is unreachable
+        s.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{s.getsockname()[1]}"
+    home = tmp_path / "h"
+    _write_toml(home, aws_settings)
+    text = (home / "spotrun.toml").read_text().replace('provider = "aws"',
+                                                       'providers = ["aws", "gcp"]')
+    (home / "spotrun.toml").write_text(
+        text + f'[gcp]\nproject = "p"\nendpoint_url = "{dead}"\n'
+               'store_uri = "gs://doctor-bkt/spotrun"\noperation_timeout_s = 2.0\n')
+    monkeypatch.setenv("SPOTRUN_HOME", str(home))
+    res = CliRunner().invoke(cli, ["doctor", "--json"])
+    assert "Traceback" not in res.output
+    out = json.loads(res.output)
+    assert out["providers"] == ["aws", "gcp"]
+    names = [c["name"] for c in out["checks"]]
+    assert any(n.startswith("aws: ") for n in names) and any(n.startswith("gcp: ")
+                                                             for n in names)
+    assert {c["status"] for c in out["checks"] if c["name"] == "aws: ami"} == {"ok"}
+    gcp = [c for c in out["checks"] if c["name"].startswith("gcp: ")]
+    assert any(c["status"] != "ok" for c in gcp), gcp
+    assert res.exit_code in (0, 1)

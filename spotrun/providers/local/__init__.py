@@ -87,4 +87,7 @@ FACTS = ProviderFacts(
     # the instances' own folders, so an attempt finds the path the last one used.
     job_dir=lambda st: str(st.home_path / "market" / "jobs" / "{job_id}" / "node-{node_rank}"),
     catalog="aws",   # the market replays AWS traces of AWS types
-    features=LOCAL_FEATURES)
+    features=LOCAL_FEATURES,
+    # One whole simulated market on this machine, on its own clock, with AWS's types: no
+    # other cloud can share its daemon.
+    runs_alone=True)
