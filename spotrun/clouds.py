@@ -95,7 +95,9 @@ def check_clouds(settings: Settings) -> None:
     seen: dict[str, str] = {}
     for cloud in settings.clouds:
         view = cloud_settings(settings, cloud)
-        if not FACTS[cloud].store_uri(settings):
+        # The home cloud (the first) may keep its store in the top-level `store_uri`.
+        home = cloud == settings.clouds[0]
+        if not (FACTS[cloud].store_uri(settings) or (home and settings.store_uri)):
             raise ConfigError(f"with several clouds each needs its own store; allowed: "
                               f"{FACTS[cloud].store_scheme}://bucket/prefix",
                               field=f"{cloud}.store_uri", value="")

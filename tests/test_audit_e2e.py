@@ -134,9 +134,13 @@ def test_lost_steps_equal_the_steps_the_log_shows_twice_and_causes_add_up(rig):
     wait_for(lambda: (_heartbeat_step(ctx, job, 1) or 0) >= saved + 5, 60,
              "steps past the emergency checkpoint")
     pgid = wait_for(lambda: _training_pgid(job.id, 1), 30, "the training process")
+    # What the job has printed is the agent's output file on the instance (the store's copy
+    # lags by a flush, and the agent ships the rest when the notice or the end comes).
+    output = (ctx.settings.home_path / "market" / "instances" / att.instance_id
+              / "spotrun-agent" / "output.log")
 
     def settled():
-        logged = _steps(_log_by_attempt(ctx, job).get(1, ""))
+        logged = _steps(output.read_text(errors="replace"))
         a = _attempt(ctx, job.id, 1)
         last = logged[-1] if logged else None
         return last is not None and last == _heartbeat_step(ctx, job, 1) == a.last_step

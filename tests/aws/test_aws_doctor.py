@@ -67,14 +67,33 @@ def test_doctor_says_what_to_fix(aws_settings, moto, tmp_path, monkeypatch):
 
 def test_doctor_checks_every_cloud_and_names_the_one_that_fails(aws_settings, moto, tmp_path,
                                                                 monkeypatch):
-    """Several clouds (docs/clouds.md): each cloud's checks, named for it; a cloud whose API
-    cannot be reached is reported, not a crash."""
-    import socket
+    """Several clouds (docs/clouds.md): each cloud's checks, named for it; a cloud whose
+    credentials are refused is reported, not a crash."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class Refuse(BaseHTTPRequestHandler):
+        """GCP's answer to bad credentials: 401 for every call."""
+
+        def _refuse(self) -> None:
+            body = b'{"error": {"code": 401, "message": "Request had invalid authentication'\
+                   b' credentials.", "status": "UNAUTHENTICATED"}}'
+            self.send_response(401)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        do_GET = do_POST = _refuse
+
+        def log_message(self, *args) -> None:
+            pass
+
     make_client("s3", region="us-east-1", endpoint_url=moto.url).create_bucket(
         Bucket="doctor-bkt")
-    with socket.socket() as s:   # a port nothing listens on: GCP's API is unreachable
-        s.bind(("127.0.0.1", 0))
-        dead = f"http://127.0.0.1:{s.getsockname()[1]}"
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Refuse)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    dead = f"http://127.0.0.1:{server.server_address[1]}"
     home = tmp_path / "h"
     _write_toml(home, aws_settings)
     text = (home / "spotrun.toml").read_text().replace('provider = "aws"',
@@ -94,3 +113,4 @@ def test_doctor_checks_every_cloud_and_names_the_one_that_fails(aws_settings, mo
     gcp = [c for c in out["checks"] if c["name"].startswith("gcp: ")]
     assert any(c["status"] != "ok" for c in gcp), gcp
     assert res.exit_code in (0, 1)
+    server.shutdown()
