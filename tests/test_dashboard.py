@@ -142,6 +142,14 @@ def test_other_addresses_need_a_token(tmp_home):
 CHROMIUM, DRIVER = shutil.which("chromium"), shutil.which("chromedriver")
 
 
+def _wait(driver, timeout_s: float):
+    """A WebDriverWait that reads an element again when the live page swapped it meanwhile
+    (an element read while being replaced is stale, not wrong)."""
+    from selenium.common.exceptions import StaleElementReferenceException
+    from selenium.webdriver.support.ui import WebDriverWait
+    return WebDriverWait(driver, timeout_s, ignored_exceptions=(StaleElementReferenceException,))
+
+
 def _browser():
     """Headless Chromium from the system's packages, or a skip saying what is missing."""
     if not CHROMIUM or not DRIVER:
@@ -163,7 +171,6 @@ def _browser():
 @pytest.mark.slow
 def test_browser_lists_the_job_its_timeline_and_spend_chart(served, tmp_path):
     from selenium.webdriver.common.by import By
-    from selenium.webdriver.support.ui import WebDriverWait
     url, home = served
     status = _cli_json(home, "status", JOB)
     [audit] = _cli_json(home, "audit", JOB)
@@ -172,12 +179,12 @@ def test_browser_lists_the_job_its_timeline_and_spend_chart(served, tmp_path):
         def ready(d):
             return d.execute_script("return document.body.dataset.ready === '1'")
         driver.get(url + "/")
-        WebDriverWait(driver, 60).until(ready)
+        _wait(driver, 60).until(ready)
         row = driver.find_element(By.CSS_SELECTOR, f'#jobs tr[data-job="{JOB}"]')
         assert JOB in row.text and "succeeded" in row.text
 
         driver.get(url + f"/job/{JOB}")
-        WebDriverWait(driver, 60).until(ready)
+        _wait(driver, 60).until(ready)
         rects = driver.find_elements(By.CSS_SELECTOR, "#timeline rect.attempt")
         got = sorted((int(r.get_attribute("data-attempt")), r.get_attribute("data-pool"),
                       r.get_attribute("class").split()[-1]) for r in rects)
@@ -201,7 +208,6 @@ def test_browser_lists_the_job_its_timeline_and_spend_chart(served, tmp_path):
 @pytest.mark.slow
 def test_browser_follows_a_running_job_live(tmp_home):
     from selenium.webdriver.common.by import By
-    from selenium.webdriver.support.ui import WebDriverWait
     from spotrun.db import Job, add_event, session
     eng = new_db(tmp_home)
     make_job(eng, "live-job", state=JobState.RUNNING, last_step=10, work={"total_steps": 100})
@@ -213,7 +219,7 @@ def test_browser_follows_a_running_job_live(tmp_home):
     driver = _browser()
     try:
         driver.get(f"http://127.0.0.1:{server.server_address[1]}/job/live-job")
-        WebDriverWait(driver, 60).until(
+        _wait(driver, 60).until(
             lambda d: d.find_element(By.ID, "job-state").text == "running")
         assert "live" in driver.find_element(By.ID, "live").text
         with session(eng) as s:   # the job moves on while the page is open
@@ -222,7 +228,7 @@ def test_browser_follows_a_running_job_live(tmp_home):
             s.add(job)
             add_event(s, "live-job", "succeeded", "after 1 attempt(s)")
             s.commit()
-        WebDriverWait(driver, 60).until(
+        _wait(driver, 60).until(
             lambda d: d.find_element(By.ID, "job-state").text == "succeeded")
         assert "final" in driver.find_element(By.ID, "live").text
         assert "100/100" in driver.page_source
