@@ -2,7 +2,7 @@
 
 Each cloud is read through its own settings view (`cloud_settings`): that provider's facts,
 catalog, zones, market and store, exactly as a one-cloud daemon of that provider reads them.
-This module says which clouds a job may use, which cloud a zone or a store URI belongs to,
+This module says which clouds a job may use, which cloud a store URI belongs to,
 and what a spec may name across the clouds configured.
 """
 
@@ -35,15 +35,6 @@ def job_clouds(settings: Settings, wanted: tuple[str, ...] = ()) -> tuple[str, .
     if not wanted:
         return settings.clouds
     return tuple(c for c in settings.clouds if c in wanted)
-
-
-def cloud_of_zone(settings: Settings, zone: str) -> str | None:
-    """The configured cloud that launches into zone, or None."""
-    for cloud in settings.clouds:
-        if zone in facts_for(cloud_settings(settings, cloud)).known_zones(
-                cloud_settings(settings, cloud)):
-            return cloud
-    return None
 
 
 def cloud_of_store(settings: Settings, uri: str) -> str | None:
